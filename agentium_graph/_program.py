@@ -1,0 +1,92 @@
+"""Programs, plan limits and planner configuration (public config)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agentium_graph._canonical import digest
+from agentium_graph.errors import config_error
+
+
+class PlanLimits(BaseModel):
+    """Bounds on one plan; the host sets them, a planner's proposals never change them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_bytes: int = Field(default=128_000, ge=64)
+    max_nodes: int = Field(default=100, ge=1)
+    max_depth: int = Field(default=32, ge=1)
+    max_concurrency: int = Field(default=5, ge=1)
+
+
+class StreamLimits(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_frame_bytes: int = Field(default=64_000, ge=64)
+    max_total_bytes: int = Field(default=512_000, ge=64)
+    max_frames: int = Field(default=64, ge=1)
+    max_latency_ms: int = Field(default=30_000, ge=1)
+
+
+class PlannerConfig(BaseModel):
+    """A bounded model planner that proposes the plan instead of a static one."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    provider: Any
+    host_instructions: str
+    max_corrections: int = Field(default=2, ge=0, le=16)
+    max_output_tokens: int = Field(default=4_000, ge=1)
+    mode: Literal["complete", "stream"] = "complete"
+    stream: StreamLimits = StreamLimits()
+
+
+class ExecutionGraphProgram(BaseModel):
+    """A versioned program: exactly one of a static JSON ``plan`` or a ``planner``.
+
+    The plan is deep-copied at construction, so later changes to the caller's dict cannot
+    alter the program.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    id: str = Field(min_length=1, max_length=200)
+    version: str = Field(min_length=1, max_length=100)
+    plan: dict[str, Any] | None = None
+    planner: PlannerConfig | None = None
+    limits: PlanLimits = PlanLimits()
+    input_schema: dict[str, Any] | None = None
+
+    def __init__(self, /, **data: Any) -> None:
+        for name in ("plan", "input_schema"):
+            if isinstance(data.get(name), dict):
+                data[name] = copy.deepcopy(data[name])
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise config_error("ExecutionGraphProgram", data, exc) from None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ExecutionGraphProgram:
+        if (self.plan is None) == (self.planner is None):
+            raise ValueError("give exactly one of plan={...} or planner=PlannerConfig(...)")
+        return self
+
+    def descriptor(self) -> dict[str, Any]:
+        """Plain JSON that identifies the program; part of descriptor and task digests."""
+        return {
+            "id": self.id,
+            "version": self.version,
+            "plan_digest": digest(self.plan) if self.plan is not None else None,
+            "planner": None if self.planner is None else {
+                "mode": self.planner.mode,
+                "host_instructions": digest(self.planner.host_instructions),
+                "max_corrections": self.planner.max_corrections,
+                "max_output_tokens": self.planner.max_output_tokens,
+            },
+            "limits": self.limits.model_dump(),
+            "input_schema": self.input_schema,
+        }

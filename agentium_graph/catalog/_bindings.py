@@ -1,0 +1,271 @@
+"""Bindings: the versioned, host-owned executable behavior a plan may select."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
+
+from agentium_graph._program import ExecutionGraphProgram
+from agentium_graph.errors import ConfigurationError, config_error
+
+if TYPE_CHECKING:
+    from agentium_graph.connectors import DurableActionConnector
+
+JSONSchema = dict[str, Any]
+ANY_SCHEMA: JSONSchema = {}
+
+BindingKind = Literal["tool", "agent", "graph", "repeat"]
+
+
+class BindingDescriptor(BaseModel):
+    """What a task pins about a binding: everything but the code, attested by version."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: BindingKind
+    id: str
+    version: str
+    input_schema: JSONSchema
+    output_schema: JSONSchema
+    recovery: str | None = None
+    destination: str | None = None
+    connector_id: str | None = None
+    connector_version: str | None = None
+    idempotent_destination: bool | None = None
+    reference_inputs: tuple[str, ...] = ()
+    reference_outputs: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()
+    program: dict[str, Any] | None = None
+    max_iterations: int | None = None
+    extra: dict[str, Any] = {}
+
+
+def _compile(schema: Mapping[str, Any], where: str) -> Draft202012Validator:
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        raise ConfigurationError(
+            f"{where} is not a valid JSON Schema ({exc.message}); fix the schema") from exc
+    return Draft202012Validator(dict(schema))
+
+
+class _BindingBase(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:\-]+$")
+    version: str = Field(min_length=1, max_length=100)
+    input_schema: JSONSchema = Field(default_factory=dict)
+    output_schema: JSONSchema = Field(default_factory=dict)
+    description: str = ""
+    reference_inputs: tuple[str, ...] = ()
+    reference_outputs: tuple[str, ...] = ()
+    validate_template: Callable[[dict[str, Any]], None] | None = None
+
+    _input_validator: Draft202012Validator = PrivateAttr()
+    _output_validator: Draft202012Validator = PrivateAttr()
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise config_error(type(self).__name__, data, exc) from None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _copy_schemas(cls, data: Any) -> Any:
+        # Schemas are deep-copied so a host mutating its dict later cannot change a binding.
+        if isinstance(data, dict):
+            data = dict(data)
+            for name in ("input_schema", "output_schema"):
+                if isinstance(data.get(name), Mapping):
+                    data[name] = copy.deepcopy(dict(data[name]))
+        return data
+
+    def model_post_init(self, context: Any, /) -> None:
+        self._input_validator = _compile(self.input_schema, f"binding {self.id!r} input_schema")
+        self._output_validator = _compile(self.output_schema,
+                                          f"binding {self.id!r} output_schema")
+
+    @property
+    def input_validator(self) -> Draft202012Validator:
+        return self._input_validator
+
+    @property
+    def output_validator(self) -> Draft202012Validator:
+        return self._output_validator
+
+    @property
+    def kind(self) -> BindingKind:
+        raise NotImplementedError  # pragma: no cover - every subclass overrides
+
+    def descriptor(self) -> BindingDescriptor:
+        return BindingDescriptor(
+            kind=self.kind, id=self.id, version=self.version,
+            input_schema=self.input_schema, output_schema=self.output_schema,
+            reference_inputs=self.reference_inputs, reference_outputs=self.reference_outputs,
+            **self._descriptor_extra())
+
+    def _descriptor_extra(self) -> dict[str, Any]:
+        return {}
+
+
+class ToolBinding(_BindingBase):
+    """A tool: either a pure callback (``recovery="pure"``) or an effect routed through a
+    :class:`~agentium_graph.DurableActionConnector` to a host-bound ``destination``.
+
+    ``execute`` receives the validated args dict as its one positional argument and may be
+    sync or async. Sync callbacks run in a worker thread unless ``run_in_thread=False``.
+    """
+
+    execute: Callable[[dict[str, Any]], Any] | None = None
+    recovery: Literal["pure"] | None = None
+    connector: Any = None  # DurableActionConnector; typed loosely so pydantic accepts protocols
+    destination: str | None = None
+    run_in_thread: bool = True
+
+    @model_validator(mode="after")
+    def _check_recovery(self) -> ToolBinding:
+        if self.connector is None:
+            if self.recovery != "pure":
+                raise ValueError(
+                    f"tool {self.id!r} must declare recovery='pure' (the host asserts it makes "
+                    "no external change) or route its effect through connector=... with "
+                    "destination=...")
+            if self.execute is None:
+                raise ValueError(f"pure tool {self.id!r} needs execute=callable")
+            if self.destination is not None:
+                raise ValueError(f"tool {self.id!r}: destination= needs connector=")
+        else:
+            if self.recovery == "pure":
+                raise ValueError(f"tool {self.id!r}: a connector-backed tool is not pure; "
+                                 "drop recovery='pure'")
+            if not self.destination:
+                raise ValueError(f"tool {self.id!r}: connector= needs a host-bound "
+                                 "destination='...'")
+            for attr in ("id", "version", "idempotent_destination", "dispatch",
+                         "resolve_result"):
+                if not hasattr(self.connector, attr):
+                    raise ValueError(f"tool {self.id!r}: connector lacks {attr!r}; it must "
+                                     "implement DurableActionConnector")
+            if self.execute is not None:
+                raise ValueError(f"tool {self.id!r}: effects go through the connector; "
+                                 "an execute= callback cannot be combined with connector=")
+        return self
+
+    @property
+    def kind(self) -> BindingKind:
+        return "tool"
+
+    @property
+    def typed_connector(self) -> DurableActionConnector:
+        return self.connector  # type: ignore[no-any-return]
+
+    def _descriptor_extra(self) -> dict[str, Any]:
+        if self.connector is None:
+            return {"recovery": "pure"}
+        return {"recovery": "connector", "destination": self.destination,
+                "connector_id": str(self.connector.id),
+                "connector_version": str(self.connector.version),
+                "idempotent_destination": bool(self.connector.idempotent_destination)}
+
+
+class Agent(BaseModel):
+    """A restricted, stateless agent: a provider, host instructions and catalog tool ids.
+
+    Opaque features that cannot be recovered (result caches, dynamic tool resolvers,
+    handoffs, mutable memory, hooks) are rejected when the catalog is built.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    provider: Any
+    instructions: str
+    tools: tuple[str, ...] = ()
+    name: str = "agent"
+    max_turns: int = Field(default=8, ge=1, le=256)
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    result_cache: Any = None
+    tool_resolver: Any = None
+    handoffs: tuple[Any, ...] = ()
+    memory: Any = None
+    hooks: tuple[Any, ...] = ()
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise config_error("Agent", data, exc) from None
+
+    @model_validator(mode="after")
+    def _reject_opaque(self) -> Agent:
+        for name in ("result_cache", "tool_resolver", "memory"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"agent {self.name!r}: {name} is opaque state that cannot be "
+                                 "recovered; remove it (use HarnessRuntime-style sessions "
+                                 "outside the graph)")
+        for name in ("handoffs", "hooks"):
+            if getattr(self, name):
+                raise ValueError(f"agent {self.name!r}: {name} are not supported in durable "
+                                 "graphs; remove them")
+        return self
+
+
+class AgentBinding(_BindingBase):
+    """A model-calling agent node; output ``{"text": str, "usage": {...}}``."""
+
+    agent: Agent
+
+    @property
+    def kind(self) -> BindingKind:
+        return "agent"
+
+    def _descriptor_extra(self) -> dict[str, Any]:
+        return {"tools": tuple(self.agent.tools),
+                "extra": {"instructions": self.agent.instructions, "name": self.agent.name,
+                          "max_turns": self.agent.max_turns,
+                          "max_output_tokens": self.agent.max_output_tokens}}
+
+
+class GraphBinding(_BindingBase):
+    """A nested program; output is the map of its node ids to their outputs."""
+
+    program: ExecutionGraphProgram
+
+    @property
+    def kind(self) -> BindingKind:
+        return "graph"
+
+    def _descriptor_extra(self) -> dict[str, Any]:
+        return {"program": self.program.descriptor()}
+
+
+class RepeatBinding(_BindingBase):
+    """A bounded loop of a nested program guarded by a pure ``condition`` callable."""
+
+    program: ExecutionGraphProgram
+    max_iterations: int = Field(ge=1, le=10_000)
+    condition: Callable[..., bool]
+
+    @property
+    def kind(self) -> BindingKind:
+        return "repeat"
+
+    def _descriptor_extra(self) -> dict[str, Any]:
+        return {"program": self.program.descriptor(), "max_iterations": self.max_iterations}
+
+
+Binding = ToolBinding | AgentBinding | GraphBinding | RepeatBinding
+BINDING_TYPES: Sequence[type[_BindingBase]] = (ToolBinding, AgentBinding, GraphBinding,
+                                               RepeatBinding)

@@ -1,0 +1,62 @@
+"""The connector protocol: how effects reach the outside world and are reconciled.
+
+A connector-backed tool never runs an arbitrary callback: the runtime records the action's
+intent (with its admission) before calling :meth:`DurableActionConnector.dispatch` with the
+actual parsed args, and after a crash asks :meth:`DurableActionConnector.resolve_result`
+what happened before it would ever dispatch again.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+
+class ActionRequest(BaseModel):
+    """What a connector receives. ``result_ref`` is set (to the action id) before dispatch."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    action_id: str
+    result_ref: str
+    binding_id: str
+    binding_version: str
+    args: dict[str, Any]
+    destination: str
+    caller: dict[str, Any]
+
+
+class ActionOutcome(BaseModel):
+    """A confirmed result: JSON ``output`` and the ``result_ref`` that can look it up again."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    output: Any
+    result_ref: str
+
+
+class Absent(BaseModel):
+    """The connector proves the action never took effect (safe to dispatch again)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Unknown(BaseModel):
+    """The connector cannot tell whether the action took effect."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    reason: str = ""
+
+
+class DurableActionConnector(Protocol):
+    """An effect connector. ``idempotent_destination``: the destination dedupes by action id."""
+
+    id: str
+    version: str
+    idempotent_destination: bool
+
+    async def dispatch(self, request: ActionRequest) -> ActionOutcome: ...
+
+    async def resolve_result(self, result_ref: str) -> ActionOutcome | Absent | Unknown: ...

@@ -1,0 +1,300 @@
+"""The exception tree of agentium-graph.
+
+Every error the SDK raises on purpose derives from :class:`AgentiumGraphError`, carries a
+stable ``code`` string and structured fields, and says what to do next::
+
+    AgentiumGraphError
+    ├── ConfigurationError            bad catalog, binding, limits or runtime arguments
+    │   └── StoreNotDurableError      require_durable=True with a non-durable store
+    ├── PlanValidationError           a plan failed validation; carries every diagnostic
+    ├── TaskNotFoundError             no task under that key
+    ├── TaskConflictError             create() with different content under an existing key
+    ├── DescriptorMismatchError       the catalog no longer matches what the task pinned
+    ├── LeaseHeldError                another worker holds the task's lease
+    ├── StaleFenceError               a write under a fence that is no longer current
+    ├── InvalidTransitionError        a state transition the state machine does not allow
+    ├── BudgetExhaustedError          a root limit or budget would be exceeded
+    ├── TaskCanceledError             the task was canceled
+    ├── DeadlineExceededError         the task's absolute deadline passed
+    ├── NestedDispatchError           controlled dispatch attempted from inside a leaf
+    ├── NodeFailedError               a node failed; ``cause`` is the journaled ErrorInfo
+    │   ├── NodeInputError            resolved args violate the binding's input schema
+    │   └── NodeOutputError           output is not JSON or violates the output schema
+    ├── DurableRecoveryRequiredError  an effect's outcome is unknown; an operator must resolve it
+    ├── DataIntegrityError            stored data failed digest verification
+    └── StoreError                    a store operation failed
+        ├── StoreUnavailableError     transient failure that outlived its bounded retries
+        └── StoreSchemaError          the store's data was written by an incompatible schema
+
+Errors that are journaled are stored as :class:`ErrorInfo` data, never as pickles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+__all__ = [
+    "AgentiumGraphError",
+    "BudgetExhaustedError",
+    "ConfigurationError",
+    "DataIntegrityError",
+    "DeadlineExceededError",
+    "DescriptorMismatchError",
+    "Diagnostic",
+    "DurableRecoveryRequiredError",
+    "ErrorInfo",
+    "InvalidTransitionError",
+    "LeaseHeldError",
+    "NestedDispatchError",
+    "NodeFailedError",
+    "NodeInputError",
+    "NodeOutputError",
+    "PlanValidationError",
+    "StaleFenceError",
+    "StoreError",
+    "StoreNotDurableError",
+    "StoreSchemaError",
+    "StoreUnavailableError",
+    "TaskCanceledError",
+    "TaskConflictError",
+    "TaskNotFoundError",
+]
+
+
+class ErrorInfo(BaseModel):
+    """A journaled error: plain data that always serializes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    code: str
+    message: str
+    node_id: str | None = None
+    details: dict[str, Any] = {}
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, *, node_id: str | None = None) -> ErrorInfo:
+        if isinstance(exc, AgentiumGraphError):
+            return cls(code=exc.code, message=str(exc), node_id=node_id or exc.node_id,
+                       details=_safe_details(exc.details))
+        text = str(exc) or type(exc).__name__
+        return cls(code="tool_error", message=f"{type(exc).__name__}: {text}",
+                   node_id=node_id, details={"exception_type": type(exc).__qualname__})
+
+
+def _safe_details(details: Mapping[str, Any]) -> dict[str, Any]:
+    """Keep only JSON-representable detail values so an ErrorInfo can always be stored."""
+    out: dict[str, Any] = {}
+    for key, value in details.items():
+        if isinstance(value, str | int | float | bool) or value is None:
+            out[key] = value
+        elif isinstance(value, list | tuple) and all(
+                isinstance(v, str | int | float) for v in value):
+            out[key] = list(value)
+        else:
+            out[key] = repr(value)
+    return out
+
+
+class AgentiumGraphError(Exception):
+    """Root of every error raised by agentium-graph."""
+
+    code = "agentium_graph_error"
+
+    def __init__(self, message: str, *, node_id: str | None = None,
+                 details: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.node_id = node_id
+        self.details: dict[str, Any] = dict(details or {})
+
+    def to_info(self) -> ErrorInfo:
+        return ErrorInfo.from_exception(self)
+
+
+class ConfigurationError(AgentiumGraphError):
+    code = "configuration_error"
+
+
+class StoreNotDurableError(ConfigurationError):
+    code = "store_not_durable"
+
+
+class Diagnostic(BaseModel):
+    """One finding of plan validation: where (a JSON path), what (a stable code), and why."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str
+    code: str
+    message: str
+    node_id: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.path}: [{self.code}] {self.message}"
+
+
+class PlanValidationError(AgentiumGraphError):
+    code = "plan_invalid"
+
+    def __init__(self, diagnostics: Sequence[Diagnostic], *, subject: str = "plan") -> None:
+        self.diagnostics: tuple[Diagnostic, ...] = tuple(diagnostics)
+        lines = "\n".join(f"  - {d}" for d in self.diagnostics)
+        super().__init__(
+            f"{subject} is invalid ({len(self.diagnostics)} problem(s)); fix every listed "
+            f"problem and submit it again:\n{lines}",
+            details={"codes": [d.code for d in self.diagnostics]},
+        )
+
+
+class TaskNotFoundError(AgentiumGraphError):
+    code = "task_not_found"
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"no task with key {key!r}; create it first with runtime.create()",
+                         details={"key": key})
+        self.key = key
+
+
+class TaskConflictError(AgentiumGraphError):
+    code = "task_conflict"
+
+    def __init__(self, key: str, differing: Sequence[str]) -> None:
+        fields = ", ".join(differing) or "identity"
+        super().__init__(
+            f"task {key!r} already exists with different content ({fields}); use a new key "
+            "for a different task or re-send exactly the original request",
+            details={"key": key, "differing": list(differing)})
+        self.key = key
+        self.differing = tuple(differing)
+
+
+class DescriptorMismatchError(AgentiumGraphError):
+    code = "descriptor_mismatch"
+
+
+class LeaseHeldError(AgentiumGraphError):
+    code = "lease_held"
+
+    def __init__(self, key: str, holder: str, expires_at: datetime) -> None:
+        super().__init__(
+            f"task {key!r} is leased by worker {holder!r} until {expires_at.isoformat()}; "
+            "retry after that, or call run(..., wait=True) to wait for the lease",
+            details={"key": key, "holder": holder, "expires_at": expires_at.isoformat()})
+        self.key = key
+        self.holder = holder
+        self.expires_at = expires_at
+
+
+class StaleFenceError(AgentiumGraphError):
+    code = "stale_fence"
+
+    def __init__(self, key: str, fence: int, current: int) -> None:
+        super().__init__(
+            f"write to task {key!r} under fence {fence} rejected: fence {current} is current, so "
+            "another worker owns the task now; stop this worker's run",
+            details={"key": key, "fence": fence, "current": current})
+        self.key = key
+        self.fence = fence
+        self.current = current
+
+
+class InvalidTransitionError(AgentiumGraphError):
+    code = "invalid_transition"
+
+
+class BudgetExhaustedError(AgentiumGraphError):
+    code = "budget_exhausted"
+
+    def __init__(self, key: str, counter: str, used: int, requested: int, limit: int,
+                 *, node_id: str | None = None) -> None:
+        super().__init__(
+            f"task {key!r}: {counter} would reach {used + requested} but its limit is {limit}; "
+            "the work was not dispatched and stays recoverable; nothing is refunded, so "
+            "create a new task with a larger limit to go on",
+            node_id=node_id,
+            details={"key": key, "counter": counter, "used": used, "requested": requested,
+                     "limit": limit})
+        self.counter = counter
+        self.limit = limit
+
+
+class TaskCanceledError(AgentiumGraphError):
+    code = "task_canceled"
+
+
+class DeadlineExceededError(AgentiumGraphError):
+    code = "deadline_exceeded"
+
+
+class NestedDispatchError(AgentiumGraphError):
+    code = "nested_dispatch"
+
+
+class NodeFailedError(AgentiumGraphError):
+    code = "node_failed"
+
+    def __init__(self, message: str, *, node_id: str | None = None,
+                 details: Mapping[str, Any] | None = None,
+                 cause: ErrorInfo | None = None) -> None:
+        super().__init__(message, node_id=node_id, details=details)
+        self.cause = cause
+
+
+class NodeInputError(NodeFailedError):
+    code = "node_input_invalid"
+
+
+class NodeOutputError(NodeFailedError):
+    code = "node_output_invalid"
+
+
+class DurableRecoveryRequiredError(AgentiumGraphError):
+    code = "recovery_required"
+
+    def __init__(self, key: str, action_ids: Sequence[str], reason: str = "") -> None:
+        ids = ", ".join(action_ids)
+        super().__init__(
+            f"task {key!r} cannot continue: the outcome of action(s) {ids} is unknown"
+            f"{' (' + reason + ')' if reason else ''}; check the destination and record the "
+            "outcome with runtime.resolve_action(key, action_id, outcome_or_Absent, actor=...)",
+            details={"key": key, "action_ids": list(action_ids)})
+        self.key = key
+        self.action_ids = tuple(action_ids)
+
+
+class DataIntegrityError(AgentiumGraphError):
+    code = "data_integrity"
+
+
+class StoreError(AgentiumGraphError):
+    code = "store_error"
+
+
+class StoreUnavailableError(StoreError):
+    code = "store_unavailable"
+
+
+class StoreSchemaError(StoreError):
+    code = "store_schema"
+
+
+def config_error(kind: str, data: Mapping[str, Any], exc: ValidationError) -> ConfigurationError:
+    """Turn a pydantic validation failure of public config into a ConfigurationError."""
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or kind}: {e['msg'].removeprefix('Value error, ')}"
+        for e in exc.errors())
+    name = data.get("id") or data.get("name")
+    return ConfigurationError(f"invalid {kind}{' ' + repr(name) if name else ''}: {problems}")
+
+
+
+# Map journaled codes back to classes so a stored failure re-raises with its own type.
+ERRORS_BY_CODE: dict[str, type[AgentiumGraphError]] = {
+    cls.code: cls
+    for cls in (NodeFailedError, NodeInputError, NodeOutputError, DeadlineExceededError,
+                TaskCanceledError, BudgetExhaustedError, NestedDispatchError,
+                DescriptorMismatchError)
+}

@@ -1,0 +1,128 @@
+"""Root admission: FIFO permits for controlled leaf work within one task.
+
+One permit covers one controlled leaf dispatch (a tool callback or a provider request /
+stream). Containers (graphs, repeats, agents waiting on children) never hold one. Waiters
+are served strictly in arrival order; a waiter is rejected when the task is canceled or its
+deadline passes while it is queued. Persisted counters are charged by the caller, in the
+same commit that records the attempt, before anything is dispatched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from agentium_graph.errors import NestedDispatchError
+from agentium_graph.runtime._context import current_context
+from agentium_graph.runtime._views import AdmissionEvent, AdmissionEventKind
+
+log = logging.getLogger("agentium_graph.admission")
+
+
+@dataclass(eq=False)
+class Ticket:
+    """A place in the admission queue; ``granted`` once it holds a permit."""
+
+    node_id: str | None
+    future: asyncio.Future[None] = field(repr=False)
+    granted: bool = False
+    released: bool = False
+
+
+class AdmissionController:
+    def __init__(self, key: str, capacity: int, clock: Callable[[], datetime],
+                 on_event: Callable[[AdmissionEvent], None] | None) -> None:
+        self.key = key
+        self.capacity = capacity
+        self._clock = clock
+        self._on_event = on_event
+        self._active = 0
+        self._queue: deque[Ticket] = deque()
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def emit(self, kind: AdmissionEventKind, node_id: str | None, *,
+             admission_id: str | None = None, reason: str | None = None,
+             counter: str | None = None) -> None:
+        if self._on_event is None:
+            return
+        event = AdmissionEvent(kind=kind, key=self.key, node_id=node_id,
+                               admission_id=admission_id, active=self._active,
+                               queued=len(self._queue), capacity=self.capacity,
+                               at=self._clock(), reason=reason, counter=counter)
+        try:
+            self._on_event(event)
+        except Exception:  # an observer must never break admission
+            log.exception("on_admission callback failed for %s", kind)
+
+    def request(self, node_id: str | None) -> Ticket:
+        """Join the FIFO queue; the ticket is granted at once when a permit is free."""
+        if current_context() is not None:
+            raise NestedDispatchError(
+                f"task {self.key!r}: controlled dispatch from inside a running leaf "
+                f"({current_context()!r}) is rejected; model the work as a plan node",
+                node_id=node_id)
+        ticket = Ticket(node_id=node_id, future=asyncio.get_running_loop().create_future())
+        self._queue.append(ticket)
+        self._grant_waiting()
+        if not ticket.granted:
+            self.emit("queued", node_id)
+        return ticket
+
+    def _grant_waiting(self) -> None:
+        while self._queue and self._active < self.capacity:
+            ticket = self._queue.popleft()
+            ticket.granted = True
+            self._active += 1
+            if not ticket.future.done():
+                ticket.future.set_result(None)
+            self.emit("admitted", ticket.node_id)
+
+    async def acquire(self, node_id: str | None) -> Ticket:
+        ticket = self.request(node_id)
+        try:
+            await ticket.future
+        except asyncio.CancelledError:
+            self.withdraw(ticket)
+            raise
+        return ticket
+
+    def withdraw(self, ticket: Ticket, reason: str | None = None) -> None:
+        """Leave the queue without a permit (or release one if it was granted meanwhile)."""
+        if ticket.granted:
+            self.release(ticket)
+            return
+        try:
+            self._queue.remove(ticket)
+        except ValueError:
+            return
+        if reason is not None:
+            self.emit("rejected", ticket.node_id, reason=reason)
+        if not ticket.future.done():
+            ticket.future.cancel()
+
+    def release(self, ticket: Ticket) -> None:
+        if not ticket.granted or ticket.released:
+            return
+        ticket.released = True
+        self._active -= 1
+        self.emit("released", ticket.node_id)
+        self._grant_waiting()
+
+    def reject_all(self, reason: str) -> None:
+        """Reject every queued waiter (cancellation, deadline, failure)."""
+        while self._queue:
+            ticket = self._queue.popleft()
+            self.emit("rejected", ticket.node_id, reason=reason)
+            if not ticket.future.done():
+                ticket.future.cancel()

@@ -1,0 +1,55 @@
+"""Public configuration of root limits and budgets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agentium_graph.errors import config_error
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise config_error(type(self).__name__, data, exc) from None
+
+
+class RootLimits(_Config):
+    """Ceilings over a task's whole lifetime, shared by every nested graph and agent.
+
+    ``max_concurrent_work``: controlled leaf dispatches (tool callbacks, model requests)
+    in flight at once. The others are lifetime counters persisted before dispatch and
+    never refunded.
+    """
+
+    max_concurrent_work: int = Field(default=4, ge=1, le=1024)
+    max_expanded_nodes: int = Field(default=1_000, ge=1)
+    max_work_attempts: int = Field(default=1_000, ge=1)
+    max_plan_revisions: int = Field(default=32, ge=1)
+
+
+class Budgets(_Config):
+    """Optional budgets in addition to root limits; ``None`` means unbounded."""
+
+    model_calls: int | None = Field(default=None, ge=0)
+    tool_calls: int | None = Field(default=None, ge=0)
+    input_tokens: int | None = Field(default=None, ge=0)
+    output_tokens: int | None = Field(default=None, ge=0)
+
+
+def counter_limits(limits: RootLimits, budgets: Budgets) -> dict[str, int | None]:
+    """The persisted limit for every counter the store enforces."""
+    return {
+        "expanded_nodes": limits.max_expanded_nodes,
+        "work_attempts": limits.max_work_attempts,
+        "plan_revisions": limits.max_plan_revisions,
+        "tool_calls": budgets.tool_calls,
+        "model_calls": budgets.model_calls,
+        "input_tokens": budgets.input_tokens,
+        "output_tokens": budgets.output_tokens,
+    }

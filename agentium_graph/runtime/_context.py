@@ -1,0 +1,65 @@
+"""The running node's context, visible to tool callbacks through ``tool_context()``."""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from dataclasses import dataclass, field
+
+from agentium_graph.errors import AgentiumGraphError
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """Where a tool callback runs: task, node, attempt, fence, and cooperative cancellation."""
+
+    key: str
+    node_id: str
+    attempt: int
+    attempt_id: str
+    fence: int
+    worker_id: str
+    binding: str
+    version: str
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the task was canceled or its deadline passed; stop work and return."""
+        return self._cancel.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        if self._cancel.is_set():
+            from agentium_graph.errors import TaskCanceledError
+
+            raise TaskCanceledError(f"task {self.key!r} was canceled while node "
+                                    f"{self.node_id!r} ran", node_id=self.node_id)
+
+    def wait_cancelled(self, timeout: float | None = None) -> bool:
+        """Block (in a sync tool) until cancellation or ``timeout``; True if canceled."""
+        return self._cancel.wait(timeout)
+
+
+_current: contextvars.ContextVar[ToolContext | None] = contextvars.ContextVar(
+    "agentium_graph_tool_context", default=None)
+
+
+def tool_context() -> ToolContext:
+    """The context of the node whose callback is running; raises outside a tool."""
+    ctx = _current.get()
+    if ctx is None:
+        raise AgentiumGraphError(
+            "tool_context() is only available inside a tool callback run by the runtime")
+    return ctx
+
+
+def current_context() -> ToolContext | None:
+    return _current.get()
+
+
+def set_context(ctx: ToolContext | None) -> contextvars.Token[ToolContext | None]:
+    return _current.set(ctx)
+
+
+def reset_context(token: contextvars.Token[ToolContext | None]) -> None:
+    _current.reset(token)

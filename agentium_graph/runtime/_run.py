@@ -1,0 +1,511 @@
+"""One fenced run of one task: the scheduler loop, group commits, lease keeping.
+
+A single loop owns every commit of the run. Each turn it settles the nodes that finished,
+admits ready nodes (FIFO root permits, plan concurrency), and writes all of those
+transitions in **one** commit, so "node k completed + node k+1 started" and a whole ready
+wave cost one durable write. A node's callback starts only after the commit that records
+its attempt (and its predecessors' completions) is acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+from jsonschema.exceptions import ValidationError as SchemaValidationError
+
+from agentium_graph._canonical import (
+    NotJSONError,
+    admission_id,
+    attempt_id,
+    canonical_json,
+    check_json,
+    digest,
+    digest_text,
+)
+from agentium_graph._otel import span
+from agentium_graph.catalog._bindings import ToolBinding
+from agentium_graph.errors import (
+    AgentiumGraphError,
+    BudgetExhaustedError,
+    ConfigurationError,
+    DeadlineExceededError,
+    ErrorInfo,
+    NodeFailedError,
+    NodeInputError,
+    NodeOutputError,
+    StaleFenceError,
+    StoreUnavailableError,
+    TaskCanceledError,
+)
+from agentium_graph.plan._validate import CompiledNode, CompiledPlan, resolve_args
+from agentium_graph.runtime._admission import AdmissionController, Ticket
+from agentium_graph.runtime._context import ToolContext, reset_context, set_context
+from agentium_graph.runtime._states import RESTARTABLE
+from agentium_graph.runtime._views import TaskResult
+from agentium_graph.store._protocol import DurableTaskStore
+from agentium_graph.store._records import NodeRecord, TaskHeader
+from agentium_graph.store._requests import (
+    CommitRequest,
+    RenewLeaseRequest,
+    SetStatus,
+    SettleNode,
+    StartAttempt,
+    Step,
+)
+from agentium_graph.store._transitions import TERMINAL_NODE
+
+if TYPE_CHECKING:
+    from agentium_graph.runtime._runtime import ExecutionGraphRuntime
+
+log = logging.getLogger("agentium_graph.runtime")
+
+StopReason = Literal["canceled", "deadline", "failed", "budget"]
+
+
+@dataclass(slots=True)
+class _Outcome:
+    state: Literal["completed", "failed", "canceled"]
+    output: Any = None
+    text: str | None = None
+    digest: str | None = None
+    error: ErrorInfo | None = None
+
+
+@dataclass(slots=True)
+class _Running:
+    node_id: str
+    ticket: Ticket
+    ctx: ToolContext
+    task: asyncio.Task[_Outcome] | None = None
+
+
+@dataclass(slots=True)
+class _Ready:
+    node_id: str
+    args: dict[str, Any]
+    input_digest: str
+    ticket: Ticket
+
+
+@dataclass
+class _Stop:
+    reason: StopReason
+    error: AgentiumGraphError
+    info: ErrorInfo | None = None
+
+
+@dataclass
+class RunState:
+    """Loaded state a run starts from."""
+
+    header: TaskHeader
+    nodes: dict[str, NodeRecord]
+    outputs: dict[str, Any] = field(default_factory=dict)
+
+
+class TaskRun:
+    def __init__(self, runtime: ExecutionGraphRuntime, key: str, worker_id: str, fence: int,
+                 state: RunState, plan: CompiledPlan) -> None:
+        self.rt = runtime
+        self.store: DurableTaskStore = runtime.store
+        self.clock: Callable[[], datetime] = runtime.clock
+        self.key = key
+        self.worker_id = worker_id
+        self.fence = fence
+        self.header = state.header
+        self.nodes = state.nodes
+        self.outputs = state.outputs
+        self.plan = plan
+        limits = state.header.limits
+        capacity = runtime.limits_for(state.header).max_concurrent_work
+        self.admission = AdmissionController(key, capacity, self.clock, runtime.on_admission)
+        self.concurrency = plan.max_concurrency
+        self.running: dict[str, _Running] = {}
+        self.ready: dict[str, _Ready] = {}
+        self.finished: list[tuple[str, _Outcome]] = []
+        self.done: set[str] = {n for n, r in self.nodes.items() if r.state == "completed"}
+        self.wake = asyncio.Event()
+        self.stop: _Stop | None = None
+        self.lost: BaseException | None = None
+        self.cancel_reason: str | None = None
+        self._limits = limits
+
+    # --- public entry ---------------------------------------------------------------
+    async def execute(self) -> TaskResult:
+        keeper = asyncio.create_task(self._keep_lease(), name=f"lease:{self.key}")
+        try:
+            with span("agentium_graph.task.run", {"agentium.task.key": self.key,
+                                                   "agentium.worker.id": self.worker_id,
+                                                   "agentium.fence": self.fence}):
+                return await self._loop()
+        finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+            await self._abandon_running()
+
+    def request_cancel(self, reason: str) -> None:
+        """In-process shortcut: the same cancel the lease keeper would observe."""
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+        self.wake.set()
+
+    # --- the loop -------------------------------------------------------------------
+    async def _loop(self) -> TaskResult:
+        self._check_recoverable()
+        while True:
+            if self.lost is not None:
+                raise self.lost
+            self._observe_stop()
+            steps: list[Step] = []
+            blobs: dict[str, str] = {}
+            self._settle_finished(steps, blobs)
+            launch: list[_Ready] = []
+            if self.stop is None:
+                self._request_ready(steps)
+                launch = self._start_granted(steps)
+            final = self._final_steps(launch)
+            steps.extend(final)
+            if steps:
+                await self._commit(steps, blobs)
+            if final:
+                return self._finish()
+            for item in launch:
+                self._launch(item)
+            await self._wait()
+
+    def _observe_stop(self) -> None:
+        if self.stop is not None:
+            return
+        if self.cancel_reason is not None:
+            self._begin_stop(_Stop("canceled", TaskCanceledError(
+                f"task {self.key!r} was canceled: {self.cancel_reason}",
+                details={"reason": self.cancel_reason})))
+            return
+        deadline = self.header.deadline
+        if deadline is not None and self.clock() >= deadline:
+            self._begin_stop(_Stop("deadline", DeadlineExceededError(
+                f"task {self.key!r} passed its deadline {deadline.isoformat()}; recovery "
+                "never extends a deadline, so create a new task to retry",
+                details={"deadline": deadline.isoformat()})))
+
+    def _begin_stop(self, stop: _Stop) -> None:
+        self.stop = stop
+        reason = stop.reason
+        self.admission.reject_all(reason)
+        for item in self.ready.values():
+            self.admission.withdraw(item.ticket, reason)
+        self.ready.clear()
+        if reason in ("canceled", "deadline"):
+            for running in self.running.values():
+                running.ctx._cancel.set()
+                if running.task is not None and self._cancellable(running.node_id):
+                    running.task.cancel()
+
+    def _cancellable(self, node_id: str) -> bool:
+        binding = self.plan.nodes[node_id].binding if node_id in self.plan.nodes else None
+        return isinstance(binding, ToolBinding) and binding.execute is not None and \
+            inspect.iscoroutinefunction(binding.execute)
+
+    def _check_recoverable(self) -> None:
+        """A crash may have left a failed node without a failed task; finish that first."""
+        for node_id in self.plan.order:
+            rec = self.nodes[node_id]
+            if rec.state == "failed" and self.stop is None:
+                self._begin_stop(self._failure_stop(node_id, rec.error))
+
+    def _failure_stop(self, node_id: str, info: ErrorInfo | None) -> _Stop:
+        info = info or ErrorInfo(code="node_failed", message="node failed", node_id=node_id)
+        cls: type[NodeFailedError] = {"node_input_invalid": NodeInputError,
+                                      "node_output_invalid": NodeOutputError
+                                      }.get(info.code, NodeFailedError)
+        return _Stop("failed", cls(f"node {node_id!r} failed: {info.message}",
+                                   node_id=node_id, details=info.details, cause=info), info)
+
+    # --- settle ---------------------------------------------------------------------
+    def _settle_finished(self, steps: list[Step], blobs: dict[str, str]) -> None:
+        finished, self.finished = self.finished, []
+        for node_id, outcome in finished:
+            running = self.running.pop(node_id)
+            self.admission.release(running.ticket)
+            if outcome.state == "completed":
+                assert outcome.text is not None and outcome.digest is not None
+                blobs[outcome.digest] = outcome.text
+                self.outputs[node_id] = outcome.output
+                self.done.add(node_id)
+                steps.append(SettleNode(node_id=node_id, state="completed",
+                                        output_digest=outcome.digest))
+            elif outcome.state == "canceled":
+                steps.append(SettleNode(node_id=node_id, state="canceled",
+                                        error=self.stop.error.to_info() if self.stop else None))
+            else:
+                steps.append(SettleNode(node_id=node_id, state="failed", error=outcome.error))
+                if self.stop is None:
+                    self._begin_stop(self._failure_stop(node_id, outcome.error))
+
+    # --- admit ----------------------------------------------------------------------
+    def _is_ready(self, node: CompiledNode) -> bool:
+        rec = self.nodes[node.id]
+        return (rec.state in RESTARTABLE and node.id not in self.running and
+                node.id not in self.ready and node.id not in self.done and
+                all(d in self.done for d in node.deps))
+
+    def _request_ready(self, steps: list[Step]) -> None:
+        for node_id in self.plan.order:
+            node = self.plan.nodes[node_id]
+            if not self._is_ready(node):
+                continue
+            try:
+                args = self._prepare_args(node)
+            except NodeInputError as exc:
+                steps.append(SettleNode(node_id=node_id, state="failed", error=exc.to_info()))
+                self.done.discard(node_id)
+                self._begin_stop(self._failure_stop(node_id, exc.to_info()))
+                return
+            self.ready[node_id] = _Ready(node_id, args, digest(args),
+                                         self.admission.request(node_id))
+
+    def _prepare_args(self, node: CompiledNode) -> dict[str, Any]:
+        try:
+            args: dict[str, Any] = resolve_args(node.args, self.outputs) if node.refs \
+                else node.args
+        except LookupError as exc:
+            raise NodeInputError(f"node {node.id!r}: {exc}", node_id=node.id) from None
+        if node.refs:
+            errors = sorted(node.binding.input_validator.iter_errors(args),
+                            key=lambda e: list(e.absolute_path))
+            if errors:
+                raise _schema_error(NodeInputError, node.id, "resolved args", errors[0])
+        return args
+
+    def _start_granted(self, steps: list[Step]) -> list[_Ready]:
+        launch: list[_Ready] = []
+        pending: dict[str, int] = {}
+        active_here = len(self.running)
+        for node_id in list(self.ready):
+            item = self.ready[node_id]
+            if not item.ticket.granted:
+                break  # FIFO: later arrivals wait behind the first queued one
+            if active_here + len(launch) >= self.concurrency:
+                break
+            node = self.plan.nodes[node_id]
+            rec = self.nodes[node_id]
+            number = len(rec.attempts) + 1
+            att = attempt_id(rec.incarnation_id, number)
+            adm = admission_id(att, "work")
+            charges = {"work_attempts": 1, "tool_calls": 1}
+            exhausted = self._exceeds(charges, pending)
+            if exhausted is not None:
+                counter, used, limit = exhausted
+                self.admission.emit("exhausted", node_id, admission_id=adm, counter=counter)
+                del self.ready[node_id]
+                self.admission.release(item.ticket)
+                self._begin_stop(_Stop("budget", BudgetExhaustedError(
+                    self.key, counter, used, charges[counter], limit, node_id=node_id)))
+                break
+            for name, amount in charges.items():
+                pending[name] = pending.get(name, 0) + amount
+            steps.append(StartAttempt(node_id=node_id, attempt_id=att,
+                                      input_digest=item.input_digest, admission_id=adm,
+                                      charges=charges, requires_completed=node.deps))
+            del self.ready[node_id]
+            launch.append(item)
+        return launch
+
+    def _exceeds(self, charges: dict[str, int],
+                 pending: dict[str, int]) -> tuple[str, int, int] | None:
+        for name, amount in charges.items():
+            limit = self.header.limits.get(name)
+            used = self.header.counters.get(name, 0) + pending.get(name, 0)
+            if limit is not None and used + amount > limit:
+                return name, used, limit
+        return None
+
+    # --- run a leaf -----------------------------------------------------------------
+    def _launch(self, item: _Ready) -> None:
+        node = self.plan.nodes[item.node_id]
+        rec = self.nodes[item.node_id]
+        attempt = rec.attempts[-1]
+        ctx = ToolContext(key=self.key, node_id=node.id, attempt=attempt.number,
+                          attempt_id=attempt.attempt_id, fence=self.fence,
+                          worker_id=self.worker_id, binding=node.binding.id,
+                          version=node.binding.version)
+        running = _Running(node.id, item.ticket, ctx)
+        self.running[node.id] = running
+        running.task = asyncio.create_task(self._invoke(node, item.args, ctx),
+                                           name=f"node:{self.key}:{node.id}")
+        running.task.add_done_callback(functools.partial(self._on_done, node.id))
+
+    def _on_done(self, node_id: str, task: asyncio.Task[_Outcome]) -> None:
+        if task.cancelled():
+            outcome = _Outcome("canceled")
+        else:
+            exc = task.exception()
+            outcome = _Outcome("failed", error=ErrorInfo.from_exception(exc, node_id=node_id)) \
+                if exc is not None else task.result()
+        if node_id in self.running:
+            self.finished.append((node_id, outcome))
+        self.wake.set()
+
+    async def _invoke(self, node: CompiledNode, args: dict[str, Any],
+                      ctx: ToolContext) -> _Outcome:
+        binding = node.binding
+        if not isinstance(binding, ToolBinding) or binding.execute is None:
+            raise ConfigurationError(
+                f"node {node.id!r}: {binding.kind} bindings are not executable by this "
+                "runtime version", node_id=node.id)
+        fn = binding.execute
+        with span("agentium_graph.node.attempt", {"agentium.task.key": self.key,
+                                                  "agentium.node.id": node.id,
+                                                  "agentium.attempt": ctx.attempt,
+                                                  "agentium.binding": binding.id}):
+            token = set_context(ctx)
+            try:
+                if inspect.iscoroutinefunction(fn):
+                    result = await fn(args)
+                elif binding.run_in_thread:
+                    result = await asyncio.to_thread(fn, args)
+                else:
+                    result = fn(args)
+                if inspect.isawaitable(result):
+                    result = await result
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                return _Outcome("failed", error=ErrorInfo.from_exception(exc, node_id=node.id))
+            finally:
+                reset_context(token)
+        return _check_output(node, result)
+
+    # --- commit, finish, wait -------------------------------------------------------
+    async def _commit(self, steps: list[Step], blobs: dict[str, str]) -> None:
+        request = CommitRequest(key=self.key, worker_id=self.worker_id, fence=self.fence,
+                                now=self.clock(), steps=tuple(steps), blobs=blobs)
+        try:
+            result = await self.store.commit(request)
+        except StaleFenceError as exc:
+            self.lost = exc
+            raise
+        self.header = result.header
+        self.nodes.update(result.nodes)
+
+    def _final_steps(self, launch: list[_Ready]) -> list[Step]:
+        if self.running or launch or (self.ready and self.stop is None):
+            return []
+        stop = self.stop
+        if stop is None:
+            if any(n not in self.done for n in self.plan.order):
+                return []  # more nodes become ready next turn
+            return [SetStatus(status="completed", release_lease=True)]
+        # Stopping and nothing is running: close every open node, then the task.
+        steps: list[Step] = []
+        for node_id in self.plan.order:
+            rec = self.nodes[node_id]
+            if rec.state not in TERMINAL_NODE and node_id not in self.done and \
+                    stop.reason != "budget":
+                steps.append(SettleNode(node_id=node_id, state="canceled",
+                                        error=stop.error.to_info()))
+        if stop.reason == "canceled":
+            steps.append(SetStatus(status="canceled", error=stop.error.to_info(),
+                                   release_lease=True))
+        elif stop.reason == "budget":
+            steps.append(SetStatus(status="pending", error=stop.error.to_info(),
+                                   release_lease=True))
+        else:
+            steps.append(SetStatus(status="failed", error=stop.info or stop.error.to_info(),
+                                   release_lease=True))
+        return steps
+
+    def _finish(self) -> TaskResult:
+        if self.stop is not None:
+            raise self.stop.error
+        return TaskResult(key=self.key, status="completed", output=self.top_outputs(),
+                          revision=self.header.revision, counters=dict(self.header.counters))
+
+    def top_outputs(self) -> dict[str, Any]:
+        return {n: self.outputs[n] for n in self.plan.order if n in self.outputs}
+
+    async def _wait(self) -> None:
+        if self.finished or self.lost is not None:
+            return
+        if any(item.ticket.granted for item in self.ready.values()) and \
+                len(self.running) < self.concurrency:
+            return
+        timeout: float | None = None
+        deadline = self.header.deadline
+        if deadline is not None and self.stop is None:
+            timeout = max(0.0, (deadline - self.clock()).total_seconds())
+        self.wake.clear()
+        for item in self.ready.values():
+            if not item.ticket.future.done():
+                item.ticket.future.add_done_callback(lambda _f: self.wake.set())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.wake.wait(), timeout)
+
+    async def _keep_lease(self) -> None:
+        interval = self.rt.poll_interval
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                status = await self.store.renew_lease(RenewLeaseRequest(
+                    key=self.key, worker_id=self.worker_id, fence=self.fence,
+                    ttl_seconds=self.rt.lease_ttl, now=self.clock()))
+            except StaleFenceError as exc:
+                log.warning("task %s: lease lost (%s); stopping this run", self.key, exc)
+                self.lost = exc
+                self._begin_stop(_Stop("canceled", exc))
+                self.wake.set()
+                return
+            except StoreUnavailableError as exc:
+                log.warning("task %s: lease renewal failed, will retry: %s", self.key, exc)
+                continue
+            if status.cancel is not None and self.cancel_reason is None:
+                self.request_cancel(status.cancel.reason)
+
+    async def _abandon_running(self) -> None:
+        """On an abnormal exit, stop callbacks we started; their work is not ours to settle."""
+        tasks = [r.task for r in self.running.values() if r.task is not None]
+        for r in self.running.values():
+            r.ctx._cancel.set()
+            self.admission.release(r.ticket)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self.running.clear()
+
+
+def _schema_error(cls: type[NodeFailedError], node_id: str, what: str,
+                  err: SchemaValidationError) -> NodeFailedError:
+    where = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}"
+                          for p in err.absolute_path)
+    schema_path = "/".join(str(p) for p in err.absolute_schema_path)
+    return cls(f"node {node_id!r}: the value at {where} of its {what} violates the schema "
+               f"(#/{schema_path}): {err.message}", node_id=node_id,
+               details={"path": where, "schema_path": "#/" + schema_path})
+
+
+def _check_output(node: CompiledNode, result: Any) -> _Outcome:
+    try:
+        check_json(result)
+    except NotJSONError as exc:
+        error = NodeOutputError(
+            f"node {node.id!r}: output is not JSON at {exc.path}: {exc.reason}; return "
+            "dicts, lists, strings, numbers, booleans or None", node_id=node.id,
+            details={"path": exc.path})
+        return _Outcome("failed", error=error.to_info())
+    errors = sorted(node.binding.output_validator.iter_errors(result),
+                    key=lambda e: list(e.absolute_path))
+    if errors:
+        return _Outcome("failed", error=_schema_error(NodeOutputError, node.id, "output",
+                                                      errors[0]).to_info())
+    text = canonical_json(result)
+    return _Outcome("completed", output=result, text=text, digest=digest_text(text))

@@ -1,0 +1,550 @@
+"""ExecutionGraphRuntime: create, run, inspect, cancel and page the timeline of tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import logging
+from collections.abc import Callable, Coroutine, Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from agentium_graph._canonical import (
+    NotJSONError,
+    admission_id,
+    check_json,
+    digest,
+    digest_text,
+    incarnation_id,
+    json_copy,
+    task_id,
+)
+from agentium_graph._program import ExecutionGraphProgram, PlanLimits
+from agentium_graph.catalog._bindings import AgentBinding, Binding, GraphBinding, RepeatBinding
+from agentium_graph.catalog._catalog import HostCatalog
+from agentium_graph.errors import (
+    ConfigurationError,
+    DataIntegrityError,
+    DeadlineExceededError,
+    DescriptorMismatchError,
+    Diagnostic,
+    DurableRecoveryRequiredError,
+    ErrorInfo,
+    LeaseHeldError,
+    NestedDispatchError,
+    NodeFailedError,
+    NodeInputError,
+    NodeOutputError,
+    PlanValidationError,
+    StaleFenceError,
+    StoreError,
+    StoreNotDurableError,
+    TaskCanceledError,
+    TaskNotFoundError,
+)
+from agentium_graph.plan._validate import CompiledPlan, validate_plan
+from agentium_graph.runtime._config import Budgets, RootLimits, counter_limits
+from agentium_graph.runtime._context import current_context
+from agentium_graph.runtime._run import RunState, TaskRun
+from agentium_graph.runtime._views import (
+    AdmissionEvent,
+    AdmissionSnapshot,
+    NodeView,
+    TaskResult,
+    TaskView,
+)
+from agentium_graph.store._memory import InMemoryDurableTaskStore
+from agentium_graph.store._protocol import DurableTaskStore
+from agentium_graph.store._records import (
+    COUNTERS,
+    JournalEntry,
+    NodeRecord,
+    TaskHeader,
+    TaskIdentity,
+    TaskSnapshot,
+)
+from agentium_graph.store._requests import (
+    AcquireLeaseRequest,
+    CancelTaskRequest,
+    CreateTaskRequest,
+    ReleaseLeaseRequest,
+    TimelineRequest,
+)
+
+log = logging.getLogger("agentium_graph.runtime")
+T = TypeVar("T")
+
+_CURSOR_PREFIX = "agt1:"
+
+
+class TimelinePage(BaseModel):
+    """One page of a task's journal in its stable order; pass ``next_cursor`` for more."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str
+    events: tuple[JournalEntry, ...]
+    next_cursor: str | None
+    total: int
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class ExecutionGraphRuntime:
+    """Runs validated JSON DAG plans durably against a host catalog and a task store.
+
+    ``lease_ttl``: seconds a lease lasts without renewal (default 15, at most 30).
+    ``poll_interval``: seconds between lease renewals, which also observe cancel requests.
+    ``clock``: injectable source of aware UTC datetimes.
+    """
+
+    def __init__(self, *, catalog: HostCatalog, store: DurableTaskStore | None = None,
+                 require_durable: bool = False, limits: RootLimits | None = None,
+                 on_admission: Callable[[AdmissionEvent], None] | None = None,
+                 lease_ttl: float = 15.0, poll_interval: float = 1.0,
+                 clock: Callable[[], datetime] | None = None,
+                 policy_revision: str = "1") -> None:
+        if not isinstance(catalog, HostCatalog):
+            raise ConfigurationError("catalog must be a HostCatalog")
+        self.catalog = catalog
+        self.store: DurableTaskStore = store if store is not None else InMemoryDurableTaskStore()
+        if require_durable and not self.store.capabilities.durable:
+            raise StoreNotDurableError(
+                f"require_durable=True but the {self.store.capabilities.name} store is not "
+                "durable; use SQLiteDurableTaskStore or MongoDBDurableTaskStore")
+        if not 0 < lease_ttl <= 30:
+            raise ConfigurationError("lease_ttl must be in (0, 30] seconds")
+        if not 0 < poll_interval < lease_ttl:
+            raise ConfigurationError("poll_interval must be positive and below lease_ttl")
+        self.limits = limits or RootLimits()
+        self.on_admission = on_admission
+        self.lease_ttl = lease_ttl
+        self.poll_interval = poll_interval
+        self.clock: Callable[[], datetime] = clock or _utcnow
+        self.policy_revision = policy_revision
+        self._active: dict[str, TaskRun] = {}
+        self._root_limits: dict[str, RootLimits] = {}
+
+    # --- create ---------------------------------------------------------------------
+    async def create(self, key: str, program: ExecutionGraphProgram, *, input: Any = None,
+                     budgets: Budgets | None = None, grants: Iterable[str] | None = None,
+                     deadline: datetime | timedelta | None = None,
+                     limits: RootLimits | None = None,
+                     policy_revision: str | None = None) -> TaskView:
+        """Validate the whole plan, pin the task's identity and store it (idempotently)."""
+        _check_key(key)
+        if not isinstance(program, ExecutionGraphProgram):
+            raise ConfigurationError("program must be an ExecutionGraphProgram")
+        if program.plan is None:
+            raise ConfigurationError(
+                f"program {program.id!r} uses a planner; this runtime version executes static "
+                "plans only: pass plan={...}")
+        limits = limits or self.limits
+        budgets = budgets or Budgets()
+        grant_list = None if grants is None else tuple(sorted(set(grants)))
+        plan = validate_plan(program.plan, self.catalog, limits=program.limits,
+                             grants=grant_list)
+        self._check_input(program, input)
+        n = len(plan.order)
+        if n > limits.max_expanded_nodes:
+            raise PlanValidationError([Diagnostic(
+                path="$.nodes", code="expansion_limit",
+                message=f"{n} nodes exceed max_expanded_nodes={limits.max_expanded_nodes}")])
+        now = self.clock()
+        absolute, after = _deadline(deadline, now)
+        identity = TaskIdentity(
+            key=key, catalog_digest=self.catalog.digest, program=program.descriptor(),
+            plan=json_copy(program.plan),
+            descriptors={f"{b.id}@{b.version}": b.descriptor().model_dump(mode="json")
+                         for b in _used_bindings(plan, self.catalog)},
+            input=json_copy(input), input_digest=digest(input),
+            policy_revision=policy_revision or self.policy_revision, grants=grant_list,
+            budgets=budgets.model_dump(), root_limits=limits.model_dump(),
+            plan_limits=program.limits.model_dump(), deadline=absolute,
+            deadline_after_seconds=after)
+        identity_digest = digest(identity.model_dump(mode="json"))
+        counters = dict.fromkeys(COUNTERS, 0)
+        counters["expanded_nodes"] = n
+        counters["plan_revisions"] = 1
+        header = TaskHeader(
+            key=key, task_id=task_id(key), identity_digest=identity_digest, created_at=now,
+            updated_at=now, counters=counters, limits=counter_limits(limits, budgets),
+            deadline=absolute if absolute is not None else (
+                now + timedelta(seconds=after) if after is not None else None),
+            journal_seq=1)
+        nodes = tuple(_node_record(key, plan, node_id, None, "") for node_id in plan.order)
+        await self.store.create_task(CreateTaskRequest(
+            header=header, identity=identity, nodes=nodes,
+            admission_id=admission_id(header.task_id, "create")))
+        return await self.inspect(key)
+
+    def _check_input(self, program: ExecutionGraphProgram, value: Any) -> None:
+        try:
+            check_json(value, "$input")
+        except NotJSONError as exc:
+            raise PlanValidationError([Diagnostic(path=exc.path, code="input_not_json",
+                                                  message=exc.reason)], subject="input") from None
+        if program.input_schema is not None:
+            from jsonschema import Draft202012Validator
+
+            errors = list(Draft202012Validator(program.input_schema).iter_errors(value))
+            if errors:
+                raise PlanValidationError([
+                    Diagnostic(path="$input" + "".join(
+                        f"[{p}]" if isinstance(p, int) else f".{p}" for p in e.absolute_path),
+                        code="input_invalid", message=e.message) for e in errors],
+                    subject="input")
+
+    # --- run ------------------------------------------------------------------------
+    async def run(self, key: str, worker_id: str = "worker", *, wait: bool = False) -> TaskResult:
+        """Acquire the task's fenced lease and execute or recover it to the end."""
+        if current_context() is not None:
+            raise NestedDispatchError(
+                "run() called from inside a running tool; nested controlled dispatch is "
+                "rejected: model the work as a node of the plan instead")
+        _check_key(key)
+        if not worker_id:
+            raise ConfigurationError("worker_id must be a non-empty string")
+        header = await self._header(key)
+        if header.status == "completed":
+            return await self._retained_result(key)
+        _raise_terminal(header)
+        identity = await self._identity(key)
+        self._check_descriptors(identity)
+        plan = self._compile(identity)
+        grant = await self._acquire(key, worker_id, wait)
+        try:
+            snapshot = await self.store.get_task(key)
+            assert snapshot is not None
+            state = RunState(header=snapshot.header, nodes=dict(snapshot.nodes),
+                             outputs=await self._load_outputs(snapshot))
+            run = TaskRun(self, key, worker_id, grant, state, plan)
+            if snapshot.header.cancel is not None:
+                run.request_cancel(snapshot.header.cancel.reason)
+            self._active[key] = run
+            try:
+                return await run.execute()
+            finally:
+                self._active.pop(key, None)
+        except (StaleFenceError, TaskCanceledError, DeadlineExceededError, NodeFailedError,
+                DurableRecoveryRequiredError):
+            raise
+        except BaseException:
+            await self._release_quietly(key, worker_id, grant)
+            raise
+
+    async def _acquire(self, key: str, worker_id: str, wait: bool) -> int:
+        while True:
+            try:
+                grant = await self.store.acquire_lease(AcquireLeaseRequest(
+                    key=key, worker_id=worker_id, ttl_seconds=self.lease_ttl,
+                    now=self.clock()))
+                return grant.fence
+            except LeaseHeldError as exc:
+                if not wait:
+                    raise
+                delay = (exc.expires_at - self.clock()).total_seconds()
+                await asyncio.sleep(min(max(delay, 0.01), self.poll_interval))
+
+    async def _release_quietly(self, key: str, worker_id: str, fence: int) -> None:
+        try:
+            await self.store.release_lease(ReleaseLeaseRequest(
+                key=key, worker_id=worker_id, fence=fence, now=self.clock()))
+        except (StaleFenceError, StoreError) as exc:
+            log.info("task %s: lease not released (%s); it will expire", key, exc)
+
+    def limits_for(self, header: TaskHeader) -> RootLimits:
+        return self._root_limits.get(header.key) or self.limits
+
+    # --- inspect / cancel / timeline ------------------------------------------------
+    async def inspect(self, key: str) -> TaskView:
+        """A verified, read-only view of the task: no lease is taken and nothing is written."""
+        _check_key(key)
+        snapshot = await self.store.get_task(key)
+        if snapshot is None:
+            raise TaskNotFoundError(key)
+        identity = await self.store.get_identity(key)
+        return await build_view(self.store, snapshot, identity)
+
+    async def cancel(self, key: str, reason: str) -> TaskView:
+        """Persist a cancel request; the lease holder observes it and stops cooperatively.
+
+        A task nobody is running is canceled at once.
+        """
+        _check_key(key)
+        if not reason:
+            raise ConfigurationError("cancel needs a reason")
+        await self._header(key)
+        header = await self.store.request_cancel(CancelTaskRequest(key=key, reason=reason,
+                                                                   now=self.clock()))
+        run = self._active.get(key)
+        if run is not None:
+            run.request_cancel(reason)
+        elif header.status not in ("completed", "failed", "canceled") and (
+                header.lease is None or header.lease.expires_at <= self.clock()):
+            try:
+                await self.run(key, worker_id=f"canceler:{key}")
+            except TaskCanceledError:
+                pass
+            except (LeaseHeldError, DescriptorMismatchError) as exc:
+                log.info("task %s: cancel recorded; a worker will apply it (%s)", key, exc)
+        return await self.inspect(key)
+
+    async def admission_snapshot(self, key: str) -> AdmissionSnapshot:
+        header = await self._header(key)
+        run = self._active.get(key)
+        return AdmissionSnapshot(
+            key=key, counters=dict(header.counters), limits=dict(header.limits),
+            active=run.admission.active if run else 0,
+            queued=run.admission.queued if run else 0,
+            capacity=run.admission.capacity if run else self.limits.max_concurrent_work)
+
+    async def timeline(self, key: str, cursor: str | None = None,
+                       limit: int = 100) -> TimelinePage:
+        """A page of the task's journal in stable order; ``cursor`` is opaque."""
+        _check_key(key)
+        if not 1 <= limit <= 1000:
+            raise ConfigurationError("limit must be between 1 and 1000")
+        header = await self._header(key)
+        after = _decode_cursor(cursor, key)
+        events = await self.store.read_timeline(TimelineRequest(key=key, after_seq=after,
+                                                                limit=limit))
+        events = [e for e in events if e.seq <= header.journal_seq]
+        last = events[-1].seq if events else after
+        more = last < header.journal_seq
+        return TimelinePage(key=key, events=tuple(events),
+                            next_cursor=_encode_cursor(key, last) if more else None,
+                            total=header.journal_seq)
+
+    # --- sync wrappers --------------------------------------------------------------
+    def create_sync(self, key: str, program: ExecutionGraphProgram, **kw: Any) -> TaskView:
+        return _sync(self.create(key, program, **kw))
+
+    def run_sync(self, key: str, worker_id: str = "worker", *, wait: bool = False) -> TaskResult:
+        return _sync(self.run(key, worker_id, wait=wait))
+
+    def inspect_sync(self, key: str) -> TaskView:
+        return _sync(self.inspect(key))
+
+    def cancel_sync(self, key: str, reason: str) -> TaskView:
+        return _sync(self.cancel(key, reason))
+
+    # --- helpers --------------------------------------------------------------------
+    async def _header(self, key: str) -> TaskHeader:
+        header = await self.store.get_header(key)
+        if header is None:
+            raise TaskNotFoundError(key)
+        return header
+
+    async def _identity(self, key: str) -> TaskIdentity:
+        identity = await self.store.get_identity(key)
+        if identity is None:
+            raise TaskNotFoundError(key)
+        return identity
+
+    def _check_descriptors(self, identity: TaskIdentity) -> None:
+        for name, pinned in sorted(identity.descriptors.items()):
+            binding_id, _, version = name.rpartition("@")
+            current = self.catalog.descriptor(binding_id, version)
+            if current is None:
+                raise DescriptorMismatchError(
+                    f"task {identity.key!r} pinned binding {binding_id!r} version "
+                    f"{version!r}, which this catalog no longer registers; register it again "
+                    "to recover the task", details={"binding": binding_id, "version": version})
+            if current.model_dump(mode="json") != pinned:
+                raise DescriptorMismatchError(
+                    f"task {identity.key!r} pinned a different descriptor for binding "
+                    f"{binding_id!r} version {version!r}; behavior changes need a new version, "
+                    "so restore the original binding to recover this task",
+                    details={"binding": binding_id, "version": version})
+
+    def _compile(self, identity: TaskIdentity) -> CompiledPlan:
+        assert identity.plan is not None
+        self._root_limits[identity.key] = RootLimits(**identity.root_limits)
+        return validate_plan(identity.plan, self.catalog,
+                             limits=PlanLimits(**identity.plan_limits),
+                             grants=identity.grants)
+
+    async def _load_outputs(self, snapshot: TaskSnapshot) -> dict[str, Any]:
+        wanted: dict[str, str] = {n.node_id: n.output_digest for n in snapshot.nodes.values()
+                                  if n.state == "completed" and n.output_digest}
+        blobs = await self.store.get_blobs(sorted(set(wanted.values())))
+        outputs: dict[str, Any] = {}
+        for node_id, want in wanted.items():
+            text = blobs.get(want)
+            if text is None or digest_text(text) != want:
+                raise DataIntegrityError(
+                    f"task {snapshot.header.key!r}: the stored output of node {node_id!r} is "
+                    "missing or does not match its digest; the store was damaged",
+                    node_id=node_id)
+            outputs[node_id] = json.loads(text)
+        return outputs
+
+    async def _retained_result(self, key: str) -> TaskResult:
+        snapshot = await self.store.get_task(key)
+        assert snapshot is not None
+        outputs = await self._load_outputs(snapshot)
+        top = {n: outputs[n] for n, rec in snapshot.nodes.items()
+               if rec.parent is None and n in outputs}
+        return TaskResult(key=key, status="completed", output=top,
+                          revision=snapshot.header.revision,
+                          counters=dict(snapshot.header.counters))
+
+
+async def build_view(store: DurableTaskStore, snapshot: TaskSnapshot,
+                     identity: TaskIdentity | None) -> TaskView:
+    """Assemble a TaskView, verifying every digest it can; problems are listed, not raised."""
+    header = snapshot.header
+    problems: list[str] = []
+    if identity is None:
+        problems.append("identity record is missing")
+    elif digest(identity.model_dump(mode="json")) != header.identity_digest:
+        problems.append("identity record does not match the task's identity digest")
+    wanted = sorted({n.output_digest for n in snapshot.nodes.values() if n.output_digest})
+    blobs = await store.get_blobs(wanted)
+    views: dict[str, NodeView] = {}
+    for node_id, rec in snapshot.nodes.items():
+        output: Any = None
+        if rec.output_digest:
+            text = blobs.get(rec.output_digest)
+            if text is None:
+                problems.append(f"node {node_id!r}: output blob is missing")
+            elif digest_text(text) != rec.output_digest:
+                problems.append(f"node {node_id!r}: output does not match its digest")
+            else:
+                output = json.loads(text)
+        views[node_id] = NodeView(
+            node_id=node_id, state=rec.state, kind=rec.kind, binding=rec.binding,
+            version=rec.version, revision=rec.revision, incarnation_id=rec.incarnation_id,
+            parent=rec.parent, deps=rec.deps, attempts=rec.attempts,
+            input_digest=rec.input_digest, output=output, output_digest=rec.output_digest,
+            error=rec.error)
+    for name, value in header.counters.items():
+        limit = header.limits.get(name)
+        if limit is not None and value > limit:
+            problems.append(f"counter {name}={value} exceeds its limit {limit}")
+    return TaskView(
+        key=header.key, task_id=header.task_id, status=header.status, revision=header.revision,
+        program=identity.program if identity else {},
+        catalog_digest=identity.catalog_digest if identity else "",
+        identity_digest=header.identity_digest, nodes=views, counters=dict(header.counters),
+        limits=dict(header.limits),
+        actions=tuple(sorted(snapshot.actions.values(), key=lambda a: a.action_id)),
+        lease=header.lease, cancel=header.cancel, deadline=header.deadline, error=header.error,
+        created_at=header.created_at, updated_at=header.updated_at, fence=header.fence,
+        journal_length=header.journal_seq, verified=not problems, problems=tuple(problems))
+
+
+def _node_record(key: str, plan: CompiledPlan, node_id: str, parent: str | None,
+                 prefix: str) -> NodeRecord:
+    node = plan.nodes[node_id]
+    path = prefix + node_id
+    return NodeRecord(
+        node_id=path,
+        incarnation_id=incarnation_id(key, path, plan.revision, node.binding.id,
+                                      node.binding.version, digest(node.args)),
+        kind=node.binding.kind, binding=node.binding.id, version=node.binding.version,
+        revision=plan.revision, parent=parent, deps=tuple(prefix + d for d in node.deps))
+
+
+def _used_bindings(plan: CompiledPlan, catalog: HostCatalog) -> list[Binding]:
+    """Every binding the plan can reach: its nodes, nested programs and agent tools."""
+    seen: dict[tuple[str, str], Binding] = {}
+    stack: list[Binding] = [n.binding for n in plan.nodes.values()]
+    while stack:
+        binding = stack.pop()
+        if (binding.id, binding.version) in seen:
+            continue
+        seen[(binding.id, binding.version)] = binding
+        if isinstance(binding, GraphBinding | RepeatBinding) and binding.program.plan:
+            for raw in binding.program.plan.get("nodes", []):
+                found = catalog.get(raw.get("binding"), raw.get("version"))
+                if found is not None:
+                    stack.append(found)
+        if isinstance(binding, AgentBinding):
+            for tool in binding.agent.tools:
+                found = catalog.latest_tool(tool)
+                if found is not None:
+                    stack.append(found)
+    return [seen[k] for k in sorted(seen)]
+
+
+def _raise_terminal(header: TaskHeader) -> None:
+    info = header.error
+    if header.status == "canceled":
+        raise TaskCanceledError(info.message if info else f"task {header.key!r} was canceled")
+    if header.status == "recovery_required":
+        ids = info.details.get("action_ids", []) if info else []
+        raise DurableRecoveryRequiredError(header.key, [str(i) for i in ids])
+    if header.status == "failed":
+        raise error_from_info(header.key, info)
+
+
+def error_from_info(key: str, info: ErrorInfo | None) -> Exception:
+    if info is None:
+        return NodeFailedError(f"task {key!r} failed")
+    if info.code == "deadline_exceeded":
+        return DeadlineExceededError(info.message, details=info.details)
+    cls: type[NodeFailedError] = {"node_input_invalid": NodeInputError,
+                                  "node_output_invalid": NodeOutputError}.get(
+        info.code, NodeFailedError)
+    node = info.node_id
+    return cls(f"task {key!r} failed at node {node!r}: {info.message}", node_id=node,
+               details=info.details, cause=info)
+
+
+def _check_key(key: str) -> None:
+    if not isinstance(key, str) or not key or len(key) > 200:
+        raise ConfigurationError("task key must be a non-empty string of at most 200 chars")
+
+
+def _deadline(value: datetime | timedelta | None,
+              now: datetime) -> tuple[datetime | None, float | None]:
+    if value is None:
+        return None, None
+    if isinstance(value, timedelta):
+        if value.total_seconds() <= 0:
+            raise ConfigurationError("a relative deadline must be positive")
+        return None, value.total_seconds()
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ConfigurationError("deadline must be timezone-aware (e.g. datetime.now(UTC))")
+        return value.astimezone(UTC), None
+    raise ConfigurationError("deadline must be a datetime, a timedelta or None")
+
+
+def _encode_cursor(key: str, seq: int) -> str:
+    raw = f"{_CURSOR_PREFIX}{digest(key)[7:19]}:{seq}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str | None, key: str) -> int:
+    if cursor is None:
+        return 0
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        prefix, key_tag, seq = raw.rsplit(":", 2)
+        if prefix + ":" != _CURSOR_PREFIX or key_tag != digest(key)[7:19] or int(seq) < 0:
+            raise ValueError(raw)
+        return int(seq)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise ConfigurationError(
+            f"invalid timeline cursor for task {key!r}; pass a next_cursor returned by "
+            "timeline() for the same task") from None
+
+
+def _sync(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    coro.close()
+    raise ConfigurationError("the *_sync wrappers cannot run inside an event loop; await the "
+                             "async method instead")
+

@@ -1,0 +1,106 @@
+"""What the runtime returns to callers: task views, results and admission events."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from agentium_graph.errors import ErrorInfo
+from agentium_graph.store._records import (
+    ActionRecord,
+    AttemptRecord,
+    CancelRecord,
+    LeaseRecord,
+    NodeState,
+    TaskStatus,
+)
+
+
+class _View(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class NodeView(_View):
+    node_id: str
+    state: NodeState
+    kind: str
+    binding: str
+    version: str
+    revision: int
+    incarnation_id: str
+    parent: str | None
+    deps: tuple[str, ...]
+    attempts: tuple[AttemptRecord, ...]
+    input_digest: str | None
+    output: Any = None
+    output_digest: str | None
+    error: ErrorInfo | None
+
+
+class TaskView(_View):
+    """A read-only picture of a task, built by ``inspect`` without a lease or a write."""
+
+    key: str
+    task_id: str
+    status: TaskStatus
+    revision: int
+    program: dict[str, Any]
+    catalog_digest: str
+    identity_digest: str
+    nodes: dict[str, NodeView]
+    counters: dict[str, int]
+    limits: dict[str, int | None]
+    actions: tuple[ActionRecord, ...]
+    lease: LeaseRecord | None
+    cancel: CancelRecord | None
+    deadline: datetime | None
+    error: ErrorInfo | None
+    created_at: datetime
+    updated_at: datetime
+    fence: int
+    journal_length: int
+    verified: bool
+    problems: tuple[str, ...] = ()
+
+    @property
+    def pending_actions(self) -> tuple[ActionRecord, ...]:
+        return tuple(a for a in self.actions if a.state in ("intent", "dispatching"))
+
+    @property
+    def uncertain_actions(self) -> tuple[ActionRecord, ...]:
+        return tuple(a for a in self.actions if a.state == "uncertain")
+
+
+class TaskResult(_View):
+    key: str
+    status: TaskStatus
+    output: dict[str, Any]
+    revision: int = 1
+    counters: dict[str, int] = {}
+
+
+AdmissionEventKind = Literal["queued", "admitted", "released", "exhausted", "rejected"]
+
+
+class AdmissionEvent(_View):
+    kind: AdmissionEventKind
+    key: str
+    node_id: str | None
+    admission_id: str | None = None
+    active: int
+    queued: int
+    capacity: int
+    at: datetime
+    reason: str | None = None
+    counter: str | None = None
+
+
+class AdmissionSnapshot(_View):
+    key: str
+    counters: dict[str, int]
+    limits: dict[str, int | None]
+    active: int
+    queued: int
+    capacity: int

@@ -1,0 +1,73 @@
+"""The store protocol, its records and requests, the shared state machine, the memory store."""
+
+from agentium_graph.store._memory import InMemoryDurableTaskStore
+from agentium_graph.store._protocol import DurableTaskStore
+from agentium_graph.store._records import (
+    COUNTERS,
+    TERMINAL_TASK,
+    ActionRecord,
+    AttemptRecord,
+    CancelRecord,
+    JournalEntry,
+    LeaseRecord,
+    NodeRecord,
+    TaskHeader,
+    TaskIdentity,
+    TaskSnapshot,
+)
+from agentium_graph.store._requests import (
+    AcquireLeaseRequest,
+    AddNodes,
+    AppendJournal,
+    CancelTaskRequest,
+    Charge,
+    ClaimNode,
+    CommitRequest,
+    CommitResult,
+    CommitRevision,
+    CreateTaskRequest,
+    CreateTaskResult,
+    LeaseGrant,
+    LeaseStatus,
+    ListTasksRequest,
+    PrepareNode,
+    RecordAction,
+    ReleaseLeaseRequest,
+    RenewLeaseRequest,
+    SetStatus,
+    SettleNode,
+    StartAttempt,
+    Step,
+    StoreCapabilities,
+    TimelineRequest,
+)
+from agentium_graph.store._transitions import (
+    ACTION_TRANSITIONS,
+    NODE_TRANSITIONS,
+    TERMINAL_NODE,
+    Delta,
+    Needs,
+    acquire_lease,
+    apply_commit,
+    check_fence,
+    creation_entry,
+    identity_conflict,
+    needs,
+    release_lease,
+    renew_lease,
+    request_cancel,
+)
+
+__all__ = [
+    "ACTION_TRANSITIONS", "COUNTERS", "NODE_TRANSITIONS", "TERMINAL_NODE", "TERMINAL_TASK",
+    "AcquireLeaseRequest", "ActionRecord", "AddNodes", "AppendJournal", "AttemptRecord",
+    "CancelRecord", "CancelTaskRequest", "Charge", "ClaimNode", "CommitRequest",
+    "CommitResult", "CommitRevision", "CreateTaskRequest", "CreateTaskResult", "Delta",
+    "DurableTaskStore", "InMemoryDurableTaskStore", "JournalEntry", "LeaseGrant",
+    "LeaseRecord", "LeaseStatus", "ListTasksRequest", "Needs", "NodeRecord", "PrepareNode",
+    "RecordAction", "ReleaseLeaseRequest", "RenewLeaseRequest", "SetStatus", "SettleNode",
+    "StartAttempt", "Step", "StoreCapabilities", "TaskHeader", "TaskIdentity",
+    "TaskSnapshot", "TimelineRequest", "acquire_lease", "apply_commit", "check_fence",
+    "creation_entry", "identity_conflict", "needs", "release_lease", "renew_lease",
+    "request_cancel",
+]

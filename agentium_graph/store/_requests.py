@@ -1,0 +1,221 @@
+"""Frozen, keyword-only request and result models of the store protocol.
+
+Node and ledger transitions are *steps*: one frozen model per transition. A store applies
+a :class:`CommitRequest` (several steps under one fence) atomically, so "node k completed
++ node k+1 started" or a whole ready wave is one durable commit.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentium_graph.errors import ErrorInfo
+from agentium_graph.store._records import (
+    ActionRecord,
+    CancelRecord,
+    JournalEntry,
+    NodeRecord,
+    TaskHeader,
+    TaskIdentity,
+    TaskStatus,
+)
+
+
+class _Req(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class StoreCapabilities(_Req):
+    """What a store promises. ``durable``: acknowledged writes survive process loss."""
+
+    durable: bool
+    multi_process: bool = False
+    name: str = "store"
+
+
+# --- steps -----------------------------------------------------------------------------
+
+class AddNodes(_Req):
+    """Materialize new pending node incarnations (a nested graph, a planner revision)."""
+
+    type: Literal["add_nodes"] = "add_nodes"
+    nodes: tuple[NodeRecord, ...]
+    admission_id: str
+
+
+class CommitRevision(_Req):
+    """Advance the task's plan revision: add nodes, tombstone unclaimed pending ones."""
+
+    type: Literal["commit_revision"] = "commit_revision"
+    base_revision: int
+    revision: int
+    plan_digest: str
+    add: tuple[NodeRecord, ...] = ()
+    tombstone: tuple[str, ...] = ()
+    admission_id: str
+
+
+class ClaimNode(_Req):
+    type: Literal["claim_node"] = "claim_node"
+    node_id: str
+    requires_completed: tuple[str, ...] = ()
+
+
+class PrepareNode(_Req):
+    type: Literal["prepare_node"] = "prepare_node"
+    node_id: str
+    input_digest: str
+
+
+class StartAttempt(_Req):
+    """Start a fresh attempt of a node under the request's fence, charging its admission."""
+
+    type: Literal["start_attempt"] = "start_attempt"
+    node_id: str
+    attempt_id: str
+    input_digest: str | None = None
+    admission_id: str | None = None
+    charges: dict[str, int] = {}
+    requires_completed: tuple[str, ...] = ()
+
+
+class SettleNode(_Req):
+    type: Literal["settle_node"] = "settle_node"
+    node_id: str
+    state: Literal["completed", "failed", "canceled", "uncertain"]
+    output_digest: str | None = None
+    error: ErrorInfo | None = None
+
+
+class Charge(_Req):
+    """Charge counters once per admission id; a repeat of the same id charges nothing."""
+
+    type: Literal["charge"] = "charge"
+    admission_id: str
+    charges: dict[str, int]
+    node_id: str | None = None
+
+
+class RecordAction(_Req):
+    """Create or advance a ledger entry (intent -> dispatching -> confirmed | ...)."""
+
+    type: Literal["record_action"] = "record_action"
+    action: ActionRecord
+
+
+class SetStatus(_Req):
+    type: Literal["set_status"] = "set_status"
+    status: TaskStatus
+    error: ErrorInfo | None = None
+    release_lease: bool = False
+
+
+class AppendJournal(_Req):
+    type: Literal["append_journal"] = "append_journal"
+    kind: str
+    node_id: str | None = None
+    data: dict[str, Any] = {}
+
+
+Step = Annotated[
+    AddNodes | CommitRevision | ClaimNode | PrepareNode | StartAttempt | SettleNode | Charge
+    | RecordAction | SetStatus | AppendJournal,
+    Field(discriminator="type"),
+]
+
+
+# --- requests and results --------------------------------------------------------------
+
+class CreateTaskRequest(_Req):
+    header: TaskHeader
+    identity: TaskIdentity
+    nodes: tuple[NodeRecord, ...]
+    admission_id: str
+    blobs: dict[str, str] = {}
+
+
+class CreateTaskResult(_Req):
+    created: bool
+    header: TaskHeader
+
+
+class AcquireLeaseRequest(_Req):
+    key: str
+    worker_id: str
+    ttl_seconds: float = Field(gt=0)
+    now: datetime
+
+
+class LeaseGrant(_Req):
+    fence: int
+    expires_at: datetime
+    header: TaskHeader
+
+
+class RenewLeaseRequest(_Req):
+    key: str
+    worker_id: str
+    fence: int
+    ttl_seconds: float = Field(gt=0)
+    now: datetime
+
+
+class LeaseStatus(_Req):
+    fence: int
+    expires_at: datetime
+    cancel: CancelRecord | None
+
+
+class ReleaseLeaseRequest(_Req):
+    key: str
+    worker_id: str
+    fence: int
+    now: datetime
+
+
+class CancelTaskRequest(_Req):
+    key: str
+    reason: str
+    now: datetime
+
+
+class CommitRequest(_Req):
+    key: str
+    worker_id: str
+    fence: int
+    now: datetime
+    steps: tuple[Step, ...]
+    blobs: dict[str, str] = {}
+
+
+class CommitResult(_Req):
+    header: TaskHeader
+    nodes: dict[str, NodeRecord] = {}
+    actions: dict[str, ActionRecord] = {}
+    journal: tuple[JournalEntry, ...] = ()
+    charged: tuple[str, ...] = ()          # admission ids newly charged by this commit
+    already_charged: tuple[str, ...] = ()  # admission ids that were charged before
+
+
+class ListTasksRequest(_Req):
+    status: TaskStatus | None = None
+    after: str | None = None
+    limit: int = Field(default=100, ge=1, le=1000)
+
+
+class TimelineRequest(_Req):
+    key: str
+    after_seq: int = Field(default=0, ge=0)
+    limit: int = Field(default=100, ge=1, le=1000)
+
+
+__all__ = [
+    "AcquireLeaseRequest", "AddNodes", "AppendJournal", "CancelTaskRequest", "Charge",
+    "ClaimNode", "CommitRequest", "CommitResult", "CommitRevision", "CreateTaskRequest",
+    "CreateTaskResult", "LeaseGrant", "LeaseStatus", "ListTasksRequest", "PrepareNode",
+    "RecordAction", "ReleaseLeaseRequest", "RenewLeaseRequest", "SetStatus", "SettleNode",
+    "StartAttempt", "Step", "StoreCapabilities", "TimelineRequest",
+]
