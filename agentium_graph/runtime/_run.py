@@ -132,6 +132,8 @@ class TaskRun:
         self.ready: dict[str, _Ready] = {}
         self.finished: list[tuple[str, _Outcome]] = []
         self.done: set[str] = {n for n, r in self.nodes.items() if r.state == "completed"}
+        # Nodes whose terminal state is decided (possibly not yet committed this turn).
+        self.closed: set[str] = {n for n, r in self.nodes.items() if r.state in TERMINAL_NODE}
         self.wake = asyncio.Event()
         self.stop: _Stop | None = None
         self.lost: BaseException | None = None
@@ -236,6 +238,7 @@ class TaskRun:
         for node_id, outcome in finished:
             running = self.running.pop(node_id)
             self.admission.release(running.ticket)
+            self.closed.add(node_id)
             if outcome.state == "completed":
                 assert outcome.text is not None and outcome.digest is not None
                 blobs[outcome.digest] = outcome.text
@@ -267,7 +270,7 @@ class TaskRun:
                 args = self._prepare_args(node)
             except NodeInputError as exc:
                 steps.append(SettleNode(node_id=node_id, state="failed", error=exc.to_info()))
-                self.done.discard(node_id)
+                self.closed.add(node_id)
                 self._begin_stop(self._failure_stop(node_id, exc.to_info()))
                 return
             self.ready[node_id] = _Ready(node_id, args, digest(args),
@@ -408,9 +411,7 @@ class TaskRun:
         # Stopping and nothing is running: close every open node, then the task.
         steps: list[Step] = []
         for node_id in self.plan.order:
-            rec = self.nodes[node_id]
-            if rec.state not in TERMINAL_NODE and node_id not in self.done and \
-                    stop.reason != "budget":
+            if node_id not in self.closed and stop.reason != "budget":
                 steps.append(SettleNode(node_id=node_id, state="canceled",
                                         error=stop.error.to_info()))
         if stop.reason == "canceled":

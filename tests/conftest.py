@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from agentium_graph import (
+    ExecutionGraphProgram,
+    HostCatalog,
+    InMemoryDurableTaskStore,
+    ToolBinding,
+)
+from agentium_graph.store import CommitRequest, CommitResult
+
+INT_OUT = {"type": "object", "properties": {"value": {"type": "integer"}},
+           "required": ["value"], "additionalProperties": False}
+
+
+class CountingStore(InMemoryDurableTaskStore):
+    """The memory store, counting commits (durable writes of node transitions)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.commits: list[CommitRequest] = []
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        self.commits.append(request)
+        return await super().commit(request)
+
+
+class Calls:
+    """Records tool invocations by node id."""
+
+    def __init__(self) -> None:
+        self.by_node: dict[str, int] = {}
+        self.order: list[str] = []
+
+    def hit(self) -> None:
+        from agentium_graph import tool_context
+
+        node = tool_context().node_id
+        self.by_node[node] = self.by_node.get(node, 0) + 1
+        self.order.append(node)
+
+
+def chain_plan(n: int, binding: str = "inc") -> dict[str, Any]:
+    nodes: list[dict[str, Any]] = [{"id": "n0", "binding": binding, "version": "1",
+                                    "args": {"x": 0}}]
+    for i in range(1, n):
+        nodes.append({"id": f"n{i}", "binding": binding, "version": "1",
+                      "args": {"x": {"$ref": {"node": f"n{i - 1}", "path": ["value"]}}}})
+    return {"schemaVersion": 1, "revision": 1, "nodes": nodes}
+
+
+def make_catalog(calls: Calls, extra: list[ToolBinding] | None = None) -> HostCatalog:
+    async def inc(args: dict[str, Any]) -> dict[str, Any]:
+        calls.hit()
+        return {"value": args["x"] + 1}
+
+    def add(args: dict[str, Any]) -> dict[str, Any]:
+        calls.hit()
+        return {"value": sum(args["values"])}
+
+    return HostCatalog([
+        ToolBinding(id="inc", version="1", execute=inc, recovery="pure",
+                    input_schema={"type": "object", "properties": {"x": {"type": "integer"}},
+                                  "required": ["x"]},
+                    output_schema=INT_OUT),
+        ToolBinding(id="add", version="1", execute=add, recovery="pure",
+                    input_schema={"type": "object",
+                                  "properties": {"values": {"type": "array",
+                                                            "items": {"type": "integer"}}},
+                                  "required": ["values"]},
+                    output_schema=INT_OUT),
+        *(extra or []),
+    ])
+
+
+def program(plan: dict[str, Any], **kw: Any) -> ExecutionGraphProgram:
+    return ExecutionGraphProgram(id="test-program", version="1", plan=plan, **kw)
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Await a condition without fixed sleeps: poll the loop until true or time out."""
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+
+@pytest.fixture
+def calls() -> Calls:
+    return Calls()
+
+
+@pytest.fixture
+def store() -> CountingStore:
+    return CountingStore()
