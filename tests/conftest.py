@@ -82,10 +82,10 @@ def program(plan: dict[str, Any], **kw: Any) -> ExecutionGraphProgram:
     return ExecutionGraphProgram(id="test-program", version="1", plan=plan, **kw)
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Await a condition without fixed sleeps: poll the loop until true or time out."""
-    async with asyncio.timeout(timeout):
-        while not predicate():
+async def wait_until(predicate: Callable[[], bool], limit: float = 5.0) -> None:
+    """Await a condition without fixed sleeps: yield to the loop until true or time out."""
+    async with asyncio.timeout(limit):
+        while not predicate():  # noqa: ASYNC110 - the condition has no event to await
             await asyncio.sleep(0.005)
 
 
