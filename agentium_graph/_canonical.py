@@ -1,8 +1,11 @@
 """Canonical JSON, sha256 digests and deterministic identities.
 
-Canonical form: UTF-8 JSON with object keys sorted, no insignificant whitespace, no NaN or
-infinities, integers as integers. Every digest in the SDK is ``sha256`` over that form, so
-nothing depends on dict order, process ids or wall-clock ties.
+Canonical form: UTF-8 JSON (non-ASCII kept as UTF-8, not escaped) with object keys sorted by
+code point, no insignificant whitespace, no NaN or infinities, integers as integers and
+floats as Python's shortest round-trip repr (so ``1`` and ``1.0`` differ), tuples as arrays.
+Only string keys are accepted. Every digest in the SDK is ``sha256`` over that form, so
+nothing depends on dict order, process ids or wall-clock ties. The format is pinned by a
+golden digest in the tests: changing it invalidates every stored task.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
+from collections.abc import Iterable
 from typing import Any
 
 JSONValue = Any  # a value made only of dict[str, ...], list, str, int, float, bool, None
@@ -28,36 +33,80 @@ class NotJSONError(ValueError):
         self.reason = reason
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z_$][A-Za-z0-9_$\-]*")
+
+
+def json_path(parts: Iterable[str | int], root: str = "$") -> str:
+    """Render a JSON path: ``$.a[0]``, with odd keys quoted as ``$["a.b"]``."""
+    out = root
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif _PLAIN_KEY.fullmatch(p):
+            out += f".{p}"
+        else:
+            out += "[" + json.dumps(p, ensure_ascii=False) + "]"
+    return out
+
+
+def _check_text(text: str, where: str) -> None:
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise NotJSONError(where, "string holds an unpaired surrogate, which is not "
+                                      "valid Unicode") from None
+
+
+_EXIT = object()
+
+
 def check_json(value: Any, path: str = "$") -> None:
-    """Raise :class:`NotJSONError` unless ``value`` is plain JSON data."""
-    stack: list[tuple[Any, str]] = [(value, path)]
+    """Raise :class:`NotJSONError` unless ``value`` is plain JSON data.
+
+    Rejects non-string object keys (``json`` would silently turn ``1`` into ``"1"``),
+    NaN and infinities, unpaired surrogates, circular containers and non-JSON types.
+    Tuples are accepted and encode as arrays.
+    """
+    stack: list[tuple[Any, Any]] = [(value, path)]
+    active: set[int] = set()  # containers on the current path, to detect cycles
     while stack:
         item, where = stack.pop()
-        if item is None or isinstance(item, bool | str | int):
+        if item is _EXIT:
+            active.discard(where)
+            continue
+        if item is None or isinstance(item, bool | int):
+            continue
+        if isinstance(item, str):
+            _check_text(item, where)
             continue
         if isinstance(item, float):
             if not math.isfinite(item):
                 raise NotJSONError(where, "NaN and infinities are not JSON")
             continue
+        if not isinstance(item, dict | list | tuple):
+            raise NotJSONError(where, f"{type(item).__name__} is not a JSON type")
+        ident = id(item)
+        if ident in active:
+            raise NotJSONError(where, "circular reference")
+        active.add(ident)
+        stack.append((_EXIT, ident))
         if isinstance(item, dict):
+            children: list[tuple[Any, str]] = []
             for k, v in item.items():
                 if not isinstance(k, str):
                     raise NotJSONError(where, f"object key {k!r} is not a string")
-                stack.append((v, f"{where}.{k}"))
-            continue
-        if isinstance(item, list | tuple):
-            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
-            continue
-        raise NotJSONError(where, f"{type(item).__name__} is not a JSON type")
+                _check_text(k, where)
+                children.append((v, json_path((k,), where)))
+            stack.extend(reversed(children))
+        else:
+            stack.extend((item[i], f"{where}[{i}]") for i in range(len(item) - 1, -1, -1))
 
 
 def canonical_json(value: JSONValue) -> str:
     """Serialize ``value`` canonically; raises :class:`NotJSONError` for non-JSON data."""
-    try:
-        return _encoder.encode(value)
-    except (TypeError, ValueError):
-        check_json(value)
-        raise
+    check_json(value)
+    return _encoder.encode(value)
 
 
 def canonical_bytes(value: JSONValue) -> bytes:
