@@ -1,0 +1,1 @@
+"""Fresh-process SIGKILL acceptance suite, run against every durable store."""

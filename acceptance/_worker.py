@@ -1,0 +1,160 @@
+"""A worker process for acceptance cases: ``python -m acceptance._worker '<json config>'``.
+
+Kill points are injected from the outside of the library: a store wrapper that SIGKILLs
+its own process right before or after a chosen store call (journal boundary), or a tool
+that kills its process. The library has no test-only branches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from acceptance._graph import CallLog, catalog, program
+from acceptance._stores import open_store
+from agentium_graph import AgentiumGraphError, DurableTaskStore, ExecutionGraphRuntime
+from agentium_graph.store import (
+    AcquireLeaseRequest,
+    CancelTaskRequest,
+    CommitRequest,
+    CommitResult,
+    CreateTaskRequest,
+    CreateTaskResult,
+    JournalEntry,
+    LeaseGrant,
+    LeaseStatus,
+    ListTasksRequest,
+    ReleaseLeaseRequest,
+    RenewLeaseRequest,
+    SettleNode,
+    StartAttempt,
+    StoreCapabilities,
+    TaskHeader,
+    TaskIdentity,
+    TaskSnapshot,
+    TimelineRequest,
+)
+
+
+def die() -> None:
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KillSwitch:
+    """Wraps a store; SIGKILLs the process at one journal boundary.
+
+    ``point``: after_lease | before_start_commit | after_start_commit |
+    before_completion_commit | after_completion_commit | during_renewal | none.
+    ``node``: which node's start/completion commit triggers it.
+    """
+
+    def __init__(self, inner: DurableTaskStore, point: str, node: str | None) -> None:
+        self.inner = inner
+        self.point = point
+        self.node = node
+
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        return self.inner.capabilities
+
+    def _matches(self, request: CommitRequest, kind: type[Any]) -> bool:
+        return any(isinstance(s, kind) and s.node_id == self.node and
+                   (not isinstance(s, SettleNode) or s.state == "completed")
+                   for s in request.steps)
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        if self.point == "before_start_commit" and self._matches(request, StartAttempt):
+            die()
+        if self.point == "before_completion_commit" and self._matches(request, SettleNode):
+            die()
+        result = await self.inner.commit(request)
+        if self.point == "after_start_commit" and self._matches(request, StartAttempt):
+            die()
+        if self.point == "after_completion_commit" and self._matches(request, SettleNode):
+            die()
+        return result
+
+    async def acquire_lease(self, request: AcquireLeaseRequest) -> LeaseGrant:
+        grant = await self.inner.acquire_lease(request)
+        if self.point == "after_lease":
+            die()
+        return grant
+
+    async def renew_lease(self, request: RenewLeaseRequest) -> LeaseStatus:
+        if self.point == "during_renewal":
+            die()
+        return await self.inner.renew_lease(request)
+
+    async def create_task(self, request: CreateTaskRequest) -> CreateTaskResult:
+        return await self.inner.create_task(request)
+
+    async def get_header(self, key: str) -> TaskHeader | None:
+        return await self.inner.get_header(key)
+
+    async def get_task(self, key: str) -> TaskSnapshot | None:
+        return await self.inner.get_task(key)
+
+    async def get_identity(self, key: str) -> TaskIdentity | None:
+        return await self.inner.get_identity(key)
+
+    async def list_tasks(self, request: ListTasksRequest) -> list[TaskHeader]:
+        return await self.inner.list_tasks(request)
+
+    async def release_lease(self, request: ReleaseLeaseRequest) -> TaskHeader:
+        return await self.inner.release_lease(request)
+
+    async def request_cancel(self, request: CancelTaskRequest) -> TaskHeader:
+        return await self.inner.request_cancel(request)
+
+    async def get_blobs(self, digests: Sequence[str]) -> dict[str, str]:
+        return await self.inner.get_blobs(digests)
+
+    async def read_timeline(self, request: TimelineRequest) -> list[JournalEntry]:
+        return await self.inner.read_timeline(request)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def __aenter__(self) -> KillSwitch:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+
+async def main(config: dict[str, Any]) -> dict[str, Any]:
+    store: DurableTaskStore = KillSwitch(open_store(config["store"]),
+                                         config.get("kill_at", "none"), config.get("node"))
+    log = CallLog(Path(config["log"]))
+    runtime = ExecutionGraphRuntime(
+        catalog=catalog(log, kill_in_tool=config.get("kill_in_tool"),
+                        kill_when_fan_running=config.get("kill_when_fan_running", 0),
+                        slow=config.get("slow")),
+        store=store, require_durable=True, lease_ttl=config.get("lease_ttl", 5.0),
+        poll_interval=config.get("poll_interval", 0.05))
+    try:
+        if config.get("create", False):
+            await runtime.create(config["key"], program())
+            if config.get("create_only", False):
+                return {"ok": True, "created": True}
+        result = await runtime.run(config["key"], config["worker"],
+                                   wait=config.get("wait", False))
+        return {"ok": True, "output": result.output}
+    except AgentiumGraphError as exc:
+        return {"ok": False, "error": type(exc).__name__, "message": str(exc)}
+    finally:
+        await store.close()
+
+
+if __name__ == "__main__":
+    outcome = asyncio.run(main(json.loads(sys.argv[1])))
+    print(json.dumps(outcome))

@@ -1,0 +1,83 @@
+"""Acceptance fixtures: one durable store spec per parameter, a case runner for workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from acceptance._graph import CallLog
+from acceptance._stores import open_store
+from agentium_graph import DurableTaskStore
+
+ROOT = Path(__file__).resolve().parent.parent
+DURABLE_STORES = ["sqlite"]
+
+
+def store_spec(kind: str, tmp: Path) -> dict[str, Any]:
+    if kind == "sqlite":
+        return {"factory": "acceptance._stores:sqlite_store",
+                "kwargs": {"path": str(tmp / "tasks.db")}}
+    raise AssertionError(kind)
+
+
+@dataclass
+class Case:
+    """One acceptance case: a store, a call log, and fresh worker processes."""
+
+    spec: dict[str, Any]
+    log: CallLog
+    key: str = "task-1"
+
+    def config(self, **kw: Any) -> dict[str, Any]:
+        return {"store": self.spec, "log": str(self.log.path), "key": self.key,
+                "worker": "w1", **kw}
+
+    def start(self, **kw: Any) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "acceptance._worker", json.dumps(self.config(**kw))],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+    def run(self, **kw: Any) -> tuple[int, dict[str, Any] | None, str]:
+        proc = self.start(**kw)
+        out, err = proc.communicate(timeout=120)
+        return proc.returncode, _last_json(out), err
+
+    def run_killed(self, **kw: Any) -> None:
+        code, out, err = self.run(**kw)
+        assert code == -signal.SIGKILL, f"worker was not killed (exit {code}): {out} {err}"
+
+    def starts(self, node: str) -> int:
+        return sum(1 for e in self.log.entries() if e["node"] == node and e["event"] == "start")
+
+    def open(self) -> DurableTaskStore:
+        return open_store(self.spec)
+
+
+def _last_json(out: str) -> dict[str, Any] | None:
+    for line in reversed(out.splitlines()):
+        if line.startswith("{"):
+            parsed: dict[str, Any] = json.loads(line)
+            return parsed
+    return None
+
+
+@pytest.fixture(params=DURABLE_STORES)
+def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
+    yield Case(spec=store_spec(request.param, tmp_path), log=CallLog(tmp_path / "calls.log"))
+
+
+@pytest.fixture
+async def store_of(case: Case) -> AsyncIterator[DurableTaskStore]:
+    store = case.open()
+    yield store
+    await store.close()

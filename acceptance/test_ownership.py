@@ -1,0 +1,75 @@
+"""Ownership races with real processes: one executor, stale pauses, expiry takeover."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+from acceptance._graph import EXPECTED
+from acceptance.conftest import Case
+from agentium_graph import DurableTaskStore
+from agentium_graph.store import TimelineRequest
+
+
+async def completions(store: DurableTaskStore, key: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    after = 0
+    while True:
+        page = await store.read_timeline(TimelineRequest(key=key, after_seq=after, limit=500))
+        if not page:
+            return counts
+        for entry in page:
+            if entry.kind == "node_completed" and entry.node_id:
+                counts[entry.node_id] = counts.get(entry.node_id, 0) + 1
+        after = page[-1].seq
+
+
+def wait_for(predicate: object, limit: float = 30.0) -> None:
+    deadline = time.monotonic() + limit
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+async def test_concurrent_runs_on_a_fresh_task(case: Case, store_of: DurableTaskStore) -> None:
+    code, out, err = case.run(create=True, create_only=True)
+    assert code == 0 and out == {"ok": True, "created": True}, err
+    procs = [case.start(worker=w, slow={"b": 0.5}) for w in ("x", "y")]
+    parsed = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 0, stderr
+        parsed.append(json.loads(stdout.strip().splitlines()[-1]))
+    winners = [p for p in parsed if p["ok"]]
+    assert len(winners) == 1, parsed
+    assert [p["error"] for p in parsed if not p["ok"]] == ["LeaseHeldError"]
+    assert all(case.starts(n) == 1 for n in EXPECTED)
+    assert set((await completions(store_of, case.key)).values()) == {1}
+
+
+async def test_paused_worker_is_fenced_out_after_takeover(case: Case,
+                                                          store_of: DurableTaskStore) -> None:
+    slow_worker = case.start(create=True, worker="slow", slow={"b": 3.0}, lease_ttl=1.0,
+                             poll_interval=0.2)
+    wait_for(lambda: case.starts("b") == 1)
+    os.kill(slow_worker.pid, signal.SIGSTOP)
+    try:
+        # The fresh worker waits until the paused worker's lease expires, then takes over.
+        code, out, err = case.run(worker="fresh", wait=True, lease_ttl=1.0)
+        assert code == 0 and out is not None and out["ok"], (out, err)
+        assert {n: v["value"] for n, v in out["output"].items()} == EXPECTED
+    finally:
+        os.kill(slow_worker.pid, signal.SIGCONT)
+    stdout, _ = slow_worker.communicate(timeout=60)
+    result = json.loads(stdout.strip().splitlines()[-1])
+    assert result == {"ok": False, "error": "StaleFenceError",
+                      "message": result["message"]}
+    counts = await completions(store_of, case.key)
+    assert counts == dict.fromkeys(EXPECTED, 1)  # no duplicate completion
+    snap = await store_of.get_task(case.key)
+    assert snap is not None and snap.header.status == "completed"
+    fences = [a.fence for a in snap.nodes["b"].attempts]
+    assert fences == [1, 2] and snap.nodes["b"].attempts[0].outcome == "interrupted"
+

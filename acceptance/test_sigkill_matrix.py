@@ -1,0 +1,119 @@
+"""SIGKILL a worker at every journal boundary, recover in a fresh process, check the books.
+
+Every case asserts: nodes completed before the kill never run again; the interrupted node
+runs at most once more; final outputs are right; counters are never refunded and never
+exceed their limits; each node's attempts carry strictly increasing fences.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from acceptance._graph import EXPECTED, FAN
+from acceptance.conftest import Case
+from agentium_graph import DurableTaskStore, ExecutionGraphRuntime, HostCatalog
+from agentium_graph.store import TaskSnapshot
+
+NODES = list(EXPECTED)
+
+
+async def snapshot(store: DurableTaskStore, key: str) -> TaskSnapshot:
+    snap = await store.get_task(key)
+    assert snap is not None
+    return snap
+
+
+async def check_recovery(case: Case, store: DurableTaskStore, before: TaskSnapshot,
+                         interrupted: list[str]) -> dict[str, Any]:
+    completed_before = {n for n, r in before.nodes.items() if r.state == "completed"}
+    code, out, err = case.run()
+    assert code == 0 and out is not None and out["ok"], (out, err)
+    assert {n: v["value"] for n, v in out["output"].items()} == EXPECTED
+
+    after = await snapshot(store, case.key)
+    assert after.header.status == "completed"
+    for node in completed_before:
+        assert case.starts(node) == 1, f"completed node {node} ran again"
+        assert after.nodes[node].attempts == before.nodes[node].attempts
+    for node in NODES:
+        limit = 2 if node in interrupted else 1
+        assert 1 <= case.starts(node) <= limit, (node, case.starts(node))
+        fences = [a.fence for a in after.nodes[node].attempts]
+        assert fences == sorted(set(fences)), f"{node} fences not increasing: {fences}"
+        assert after.nodes[node].attempts[-1].outcome == "completed"
+    for name, value in before.header.counters.items():
+        assert after.header.counters[name] >= value, f"{name} was refunded"
+    for name, value in after.header.counters.items():
+        limit = after.header.limits.get(name)
+        assert limit is None or value <= limit
+    # Every fresh attempt was charged exactly once; nothing else was.
+    attempts = sum(len(r.attempts) for r in after.nodes.values())
+    assert after.header.counters["work_attempts"] == attempts
+    runtime = ExecutionGraphRuntime(catalog=HostCatalog([]), store=store)
+    view = await runtime.inspect(case.key)
+    assert view.verified, view.problems
+    return out
+
+
+@pytest.mark.parametrize("point, node, reran", [
+    ("after_lease", None, []),
+    ("before_start_commit", "b", []),
+    ("after_start_commit", "b", []),
+    ("before_completion_commit", "b", ["b"]),
+    ("after_completion_commit", "b", []),
+    ("before_completion_commit", "d", ["d"]),
+    ("after_completion_commit", "e", []),
+])
+async def test_kill_at_store_boundary(case: Case, store_of: DurableTaskStore, point: str,
+                                      node: str | None, reran: list[str]) -> None:
+    case.run_killed(create=True, kill_at=point, node=node)
+    before = await snapshot(store_of, case.key)
+    if point == "after_start_commit":
+        assert before.nodes["b"].state == "running" and case.starts("b") == 0
+    if point == "after_completion_commit":
+        assert before.nodes[node or ""].state == "completed"
+    if point == "before_completion_commit":
+        assert before.nodes[node or ""].state == "running" and case.starts(node or "") == 1
+    await check_recovery(case, store_of, before, reran)
+    after = await snapshot(store_of, case.key)
+    if point == "after_start_commit":
+        outcomes = [a.outcome for a in after.nodes["b"].attempts]
+        assert outcomes == ["interrupted", "completed"]
+
+
+async def test_kill_inside_the_tool(case: Case, store_of: DurableTaskStore) -> None:
+    case.run_killed(create=True, kill_in_tool="b")
+    before = await snapshot(store_of, case.key)
+    assert before.nodes["b"].state == "running"
+    await check_recovery(case, store_of, before, ["b"])
+
+
+async def test_kill_during_lease_renewal(case: Case, store_of: DurableTaskStore) -> None:
+    case.run_killed(create=True, kill_at="during_renewal", slow={"b": 2.0},
+                    poll_interval=0.2)
+    before = await snapshot(store_of, case.key)
+    assert before.nodes["a"].state == "completed"
+    await check_recovery(case, store_of, before, ["b"])
+
+
+async def test_kill_while_fan_out_runs(case: Case, store_of: DurableTaskStore) -> None:
+    case.run_killed(create=True, kill_when_fan_running=FAN)
+    before = await snapshot(store_of, case.key)
+    running = sorted(n for n, r in before.nodes.items() if r.state == "running")
+    assert running == [f"c{i}" for i in range(FAN)]
+    await check_recovery(case, store_of, before, running)
+
+
+async def test_repeated_kills_then_recovery(case: Case, store_of: DurableTaskStore) -> None:
+    """Three crashes in a row at different points; each recovery resumes where it was."""
+    case.run_killed(create=True, kill_at="after_completion_commit", node="a")
+    case.run_killed(kill_in_tool="b")
+    case.run_killed(kill_at="before_completion_commit", node="d")
+    before = await snapshot(store_of, case.key)
+    assert before.header.fence == 3
+    await check_recovery(case, store_of, before, ["b", "d"])
+    after = await snapshot(store_of, case.key)
+    assert [a.fence for a in after.nodes["b"].attempts] == [2, 4]
+    assert [a.fence for a in after.nodes["d"].attempts] == [3, 4]

@@ -1,0 +1,23 @@
+"""The ``demo`` click command (registered on the ``agentium-graph`` CLI group)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import click
+from rich.console import Console
+
+
+@click.command("demo")
+@click.option("--store", "uri", default=None,
+              help="Store URI (default: a fresh SQLite file in a temporary directory).")
+@click.option("--kill-after", type=click.IntRange(1, 6), default=3, show_default=True,
+              help="SIGKILL the first worker once this many nodes completed.")
+@click.option("--delay", type=click.FloatRange(0.05, 5.0), default=0.3, show_default=True,
+              help="Seconds each tool pretends to work.")
+def demo_command(uri: str | None, kill_after: int, delay: float) -> None:
+    """Run the order pipeline, SIGKILL its worker mid-graph, recover in a fresh process."""
+    from agentium_graph.demo._demo import run_demo
+
+    code = asyncio.run(run_demo(uri, kill_after, delay, Console()))
+    raise SystemExit(code)

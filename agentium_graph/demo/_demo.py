@@ -1,0 +1,139 @@
+"""``agentium-graph demo``: run the order pipeline in a worker process, SIGKILL that worker
+mid-graph, recover in a fresh process, and report what was reused and what restarted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from agentium_graph import DurableTaskStore, ExecutionGraphRuntime, TaskView
+from agentium_graph.demo.pipeline import build_catalog, build_program, read_call_log
+
+KEY = "order-review:ord-1042"
+WORKER = "demo-worker"
+
+
+def open_demo_store(uri: str) -> DurableTaskStore:
+    from agentium_graph._store_uri import open_store_uri
+
+    return open_store_uri(uri)
+
+
+async def worker_main(uri: str, key: str, worker: str, delay: float,
+                      call_log: str | None) -> dict[str, Any]:
+    """The body of a worker process: run (or recover) the task to the end."""
+    store = open_demo_store(uri)
+    try:
+        runtime = ExecutionGraphRuntime(
+            catalog=build_catalog(delay=delay, call_log=Path(call_log) if call_log else None),
+            store=store, require_durable=True, poll_interval=0.2)
+        result = await runtime.run(key, worker)
+        return {"ok": True, "output": result.output}
+    finally:
+        await store.close()
+
+
+def _spawn(uri: str, delay: float, call_log: Path) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "agentium_graph.demo", "--store", uri, "--key", KEY,
+           "--worker", WORKER, "--delay", str(delay), "--call-log", str(call_log)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+async def _completed(store: DurableTaskStore) -> int:
+    snap = await store.get_task(KEY)
+    return 0 if snap is None else sum(n.state == "completed" for n in snap.nodes.values())
+
+
+async def run_demo(uri: str | None, kill_after: int, delay: float,
+                   console: Console) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="agentium-demo-"))
+    uri = uri or f"sqlite:///{workdir / 'demo.db'}"
+    call_log = workdir / "executions.log"
+    store = open_demo_store(uri)
+    try:
+        runtime = ExecutionGraphRuntime(catalog=build_catalog(), store=store,
+                                        require_durable=True)
+        await runtime.create(KEY, build_program())
+        console.print(f"[bold]agentium-graph demo[/]  store: {uri}")
+        console.print(f"task {KEY!r}: 7 pure tools, one fan-out of 4 and a join\n")
+
+        first = _spawn(uri, delay, call_log)
+        console.print(f"1. worker process {first.pid} runs the graph ...")
+        started = time.monotonic()
+        while await _completed(store) < kill_after:
+            if first.poll() is not None:
+                raise RuntimeError(f"worker exited early: {first.communicate()[1]}")
+            if time.monotonic() - started > 60:
+                first.kill()
+                raise RuntimeError("worker made no progress in 60 s")
+            await asyncio.sleep(0.02)
+        os.kill(first.pid, signal.SIGKILL)
+        first.communicate()
+        crashed = await runtime.inspect(KEY)
+        done = sum(n.state == "completed" for n in crashed.nodes.values())
+        running = sorted(n for n, v in crashed.nodes.items() if v.state == "running")
+        console.print(f"2. [red]SIGKILL[/] sent to worker {first.pid} after {done} nodes "
+                      f"completed; interrupted while running: {', '.join(running) or 'none'}")
+
+        second = _spawn(uri, delay, call_log)
+        console.print(f"3. fresh worker process {second.pid} calls run({KEY!r}, "
+                      f"{WORKER!r}) and recovers ...")
+        t0 = time.monotonic()
+        out, err = second.communicate(timeout=120)
+        elapsed = time.monotonic() - t0
+        if second.returncode != 0:
+            raise RuntimeError(f"recovery worker failed: {err.strip()}")
+        result = json.loads(out.strip().splitlines()[-1])
+        final = await runtime.inspect(KEY)
+        console.print(f"   recovered in {elapsed:.2f} s (process start included)\n")
+        _report(console, crashed, final, read_call_log(call_log))
+        console.print(f"\n[bold]invoice[/]\n{result['output']['invoice']['text']}")
+        reran = [n for n, v in crashed.nodes.items() if v.state == "completed" and
+                 sum(1 for e in read_call_log(call_log) if e["node"] == n) != 1]
+        ok = final.status == "completed" and final.verified and not reran
+        console.print(f"\nno completed node re-ran: {'yes' if not reran else 'NO: ' + str(reran)}"
+                      f"; data verified: {final.verified}")
+        console.print(f"inspect it yourself: agentium-graph --store {uri} inspect {KEY}")
+        return 0 if ok else 1
+    finally:
+        await store.close()
+
+
+def _report(console: Console, crashed: TaskView, final: TaskView,
+            calls: list[dict[str, Any]]) -> None:
+    table = Table(title="per-node report")
+    for col in ("node", "binding", "at crash", "final", "attempts (fence:outcome)",
+                "executions", "recovery"):
+        table.add_column(col)
+    for node_id, node in final.nodes.items():
+        before = crashed.nodes[node_id]
+        executions = sum(1 for c in calls if c["node"] == node_id)
+        if before.state == "completed":
+            how = "[green]reused[/] (completed before the crash)"
+        elif any(a.outcome == "interrupted" for a in node.attempts):
+            how = "[yellow]restarted[/] (interrupted attempt, newer fence)"
+        else:
+            how = "ran after recovery"
+        attempts = ", ".join(f"{a.fence}:{a.outcome}" for a in node.attempts)
+        table.add_row(node_id, f"{node.binding}@{node.version}", before.state, node.state,
+                      attempts, str(executions), how)
+    console.print(table)
+    counters = Table(title="root counters (persisted before dispatch, never refunded)")
+    for col in ("counter", "at crash", "final", "limit"):
+        counters.add_column(col)
+    for name in ("expanded_nodes", "work_attempts", "tool_calls", "plan_revisions"):
+        limit = final.limits.get(name)
+        counters.add_row(name, str(crashed.counters[name]), str(final.counters[name]),
+                         "-" if limit is None else str(limit))
+    console.print(counters)
