@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from jsonschema.protocols import Validator
+from jsonschema.validators import validator_for
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
 
-from agentium_graph._canonical import digest
-from agentium_graph.errors import config_error
+from agentium_graph._canonical import NotJSONError, digest, json_copy
+from agentium_graph.errors import ConfigurationError, config_error
 
 
 class PlanLimits(BaseModel):
@@ -47,8 +57,9 @@ class PlannerConfig(BaseModel):
 class ExecutionGraphProgram(BaseModel):
     """A versioned program: exactly one of a static JSON ``plan`` or a ``planner``.
 
-    The plan is deep-copied at construction, so later changes to the caller's dict cannot
-    alter the program.
+    The plan and ``input_schema`` are deep-copied (as JSON) at construction, so later
+    changes to the caller's dicts cannot alter the program; non-JSON values and an invalid
+    ``input_schema`` raise :class:`~agentium_graph.errors.ConfigurationError`.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
@@ -60,14 +71,37 @@ class ExecutionGraphProgram(BaseModel):
     limits: PlanLimits = PlanLimits()
     input_schema: dict[str, Any] | None = None
 
+    _input_validator: Validator | None = PrivateAttr(default=None)
+
     def __init__(self, /, **data: Any) -> None:
         for name in ("plan", "input_schema"):
             if isinstance(data.get(name), dict):
-                data[name] = copy.deepcopy(data[name])
+                try:
+                    data[name] = json_copy(data[name])
+                except NotJSONError as exc:
+                    raise ConfigurationError(
+                        f"program {data.get('id')!r}: {name} is not JSON data "
+                        f"({exc.path.replace('$', name, 1)}: {exc.reason}); use plain JSON "
+                        "values") from None
         try:
             super().__init__(**data)
         except ValidationError as exc:
             raise config_error("ExecutionGraphProgram", data, exc) from None
+        if self.input_schema is not None:
+            cls = validator_for(self.input_schema, default=Draft202012Validator)
+            try:
+                cls.check_schema(self.input_schema)
+            except SchemaError as exc:
+                raise ConfigurationError(
+                    f"program {self.id!r}: input_schema is not a valid JSON Schema: "
+                    f"{exc.message} at {exc.json_path.replace('$', 'input_schema', 1)}; fix "
+                    "the schema") from None
+            self._input_validator = cls(self.input_schema)
+
+    @property
+    def input_validator(self) -> Validator | None:
+        """The compiled validator of ``input_schema`` (``None`` when there is none)."""
+        return self._input_validator
 
     @model_validator(mode="after")
     def _one_source(self) -> ExecutionGraphProgram:

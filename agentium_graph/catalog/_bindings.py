@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from jsonschema.protocols import Validator
+from jsonschema.validators import validator_for
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -17,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from agentium_graph._canonical import NotJSONError, check_json
 from agentium_graph._program import ExecutionGraphProgram
 from agentium_graph.errors import ConfigurationError, config_error
 
@@ -52,13 +55,24 @@ class BindingDescriptor(BaseModel):
     extra: dict[str, Any] = {}
 
 
-def _compile(schema: Mapping[str, Any], where: str) -> Draft202012Validator:
+def _compile(schema: Mapping[str, Any], where: str) -> Validator:
+    """Check ``schema`` once and build its validator (the ``$schema`` draft, default 2020-12)."""
     try:
-        Draft202012Validator.check_schema(schema)
+        check_json(schema)
+    except NotJSONError as exc:
+        raise ConfigurationError(f"{where} is not JSON data ({exc}); use plain JSON values") \
+            from None
+    own = copy.deepcopy(dict(schema))
+    cls = validator_for(own, default=Draft202012Validator)
+    try:
+        cls.check_schema(own)
     except SchemaError as exc:
         raise ConfigurationError(
-            f"{where} is not a valid JSON Schema ({exc.message}); fix the schema") from exc
-    return Draft202012Validator(dict(schema))
+            f"{where} is not a valid JSON Schema: {exc.message} at "
+            f"{exc.json_path.replace('$', 'schema', 1)}; fix the schema") from None
+    # The validator owns a private copy, so nothing outside can change what it checks.
+    validator: Validator = cls(own)
+    return validator
 
 
 class _BindingBase(BaseModel):
@@ -73,8 +87,8 @@ class _BindingBase(BaseModel):
     reference_outputs: tuple[str, ...] = ()
     validate_template: Callable[[dict[str, Any]], None] | None = None
 
-    _input_validator: Draft202012Validator = PrivateAttr()
-    _output_validator: Draft202012Validator = PrivateAttr()
+    _input_validator: Validator = PrivateAttr()
+    _output_validator: Validator = PrivateAttr()
 
     def __init__(self, /, **data: Any) -> None:
         try:
@@ -99,11 +113,11 @@ class _BindingBase(BaseModel):
                                           f"binding {self.id!r} output_schema")
 
     @property
-    def input_validator(self) -> Draft202012Validator:
+    def input_validator(self) -> Validator:
         return self._input_validator
 
     @property
-    def output_validator(self) -> Draft202012Validator:
+    def output_validator(self) -> Validator:
         return self._output_validator
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from agentium_graph._canonical import digest
 from agentium_graph.catalog._bindings import (
@@ -13,7 +14,7 @@ from agentium_graph.catalog._bindings import (
     RepeatBinding,
     ToolBinding,
 )
-from agentium_graph.errors import ConfigurationError
+from agentium_graph.errors import ConfigurationError, PlanValidationError
 
 
 class HostCatalog:
@@ -22,6 +23,10 @@ class HostCatalog:
     The digest covers every binding descriptor (kind, id, version, schemas, recovery,
     destination, connector id/version, nested programs), never the code: behavior is
     attested by version, so changing a callback means bumping its binding's version.
+
+    Construction is the preflight: agents may name only registered tools, and every static
+    program of a graph or repeat binding is validated here against this catalog (with the
+    program's own limits), so a nested plan can never fail validation mid-run.
     """
 
     def __init__(self, bindings: Iterable[Binding]) -> None:
@@ -39,6 +44,11 @@ class HostCatalog:
             self._bindings[key] = binding
         self._descriptors = {key: b.descriptor() for key, b in self._bindings.items()}
         self._check_agent_tools()
+        self._program_depths: dict[tuple[str, str], int] = {}
+        self._output_schemas: dict[tuple[str, str], dict[str, Any]] = {}
+        self._visiting: list[tuple[str, str]] = []
+        for key in sorted(self._bindings):
+            self.program_depth(self._bindings[key])
         self._digest = digest([d.model_dump(mode="json") for _, d in
                                sorted(self._descriptors.items())])
 
@@ -52,6 +62,51 @@ class HostCatalog:
                         f"agent binding {binding.id!r} names tools {missing} that are not "
                         "tool bindings in this catalog; register them first")
 
+    def program_depth(self, binding: Binding) -> int:
+        """Depth a graph/repeat binding's static program adds below its node (0 otherwise).
+
+        The nested program is validated (once) on first use; invalid or self-recursive
+        programs raise :class:`ConfigurationError` naming the binding.
+        """
+        if not isinstance(binding, GraphBinding | RepeatBinding) or binding.program.plan is None:
+            return 0
+        key = (binding.id, binding.version)
+        if key in self._program_depths:
+            return self._program_depths[key]
+        if key in self._visiting:
+            chain = " -> ".join(f"{i}@{v}" for i, v in [*self._visiting, key])
+            raise ConfigurationError(
+                f"{binding.kind} binding {binding.id!r} version {binding.version!r} contains "
+                f"itself through nested programs ({chain}); nested programs cannot recurse, "
+                "use a RepeatBinding for bounded loops")
+        from agentium_graph.plan._validate import validate_plan  # plan imports the catalog
+
+        self._visiting.append(key)
+        try:
+            compiled = validate_plan(
+                binding.program.plan, self, limits=binding.program.limits,
+                subject=f"program {binding.program.id!r} of {binding.kind} binding "
+                        f"{binding.id!r} version {binding.version!r}")
+        except PlanValidationError as exc:
+            raise ConfigurationError(
+                f"{binding.kind} binding {binding.id!r} version {binding.version!r} has an "
+                f"invalid program: {exc}", details={"codes": exc.details.get("codes", [])}
+            ) from None
+        finally:
+            self._visiting.pop()
+        if isinstance(binding, GraphBinding) and not binding.output_schema:
+            # A graph's output maps its node ids to their outputs, so refs are checkable.
+            self._output_schemas[key] = {
+                "type": "object", "additionalProperties": False,
+                "properties": {nid: self.reference_schema(node.binding)
+                               for nid, node in compiled.nodes.items()}}
+        self._program_depths[key] = compiled.depth
+        return compiled.depth
+
+    def reference_schema(self, binding: Binding) -> dict[str, Any]:
+        """The schema ``$ref`` paths into ``binding``'s output are checked against."""
+        return self._output_schemas.get((binding.id, binding.version), binding.output_schema)
+
     @property
     def digest(self) -> str:
         return self._digest
@@ -60,7 +115,7 @@ class HostCatalog:
         return self._bindings.get((binding_id, version))
 
     def versions(self, binding_id: str) -> list[str]:
-        return sorted(v for (i, v) in self._bindings if i == binding_id)
+        return sorted((v for (i, v) in self._bindings if i == binding_id), key=_version_key)
 
     def latest_tool(self, binding_id: str) -> ToolBinding | None:
         """The highest registered version of a tool (for agents naming tools by id)."""

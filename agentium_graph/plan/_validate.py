@@ -10,21 +10,35 @@ binding's input schema. The result is either a :class:`CompiledPlan` or one
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Iterator
+import re
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError as SchemaViolation
+from jsonschema.protocols import Validator
+from jsonschema.validators import extend
 
-from agentium_graph._canonical import NotJSONError, canonical_bytes, check_json
+from agentium_graph._canonical import (
+    NotJSONError,
+    canonical_bytes,
+    check_json,
+    json_copy,
+    json_path,
+)
 from agentium_graph._program import PlanLimits
-from agentium_graph.catalog._bindings import Binding, GraphBinding, RepeatBinding
-from agentium_graph.catalog._catalog import HostCatalog
 from agentium_graph.errors import Diagnostic, PlanValidationError
+
+if TYPE_CHECKING:  # the catalog imports this module lazily, so only type-check this import
+    from agentium_graph.catalog._bindings import Binding
+    from agentium_graph.catalog._catalog import HostCatalog
 
 PLAN_SCHEMA_VERSION = 1
 
-_ID = {"type": "string", "minLength": 1, "maxLength": 200, "pattern": r"^[A-Za-z0-9_.\-]+$"}
+# ``$(?!\n)``: Python's ``$`` also matches before a trailing newline; ECMA regexes ignore it.
+_ID = {"type": "string", "minLength": 1, "maxLength": 200,
+       "pattern": r"^[A-Za-z0-9_.\-]+$(?!\n)"}
 PLAN_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
@@ -52,7 +66,21 @@ PLAN_SCHEMA: dict[str, Any] = {
         },
     },
 }
-_PLAN_VALIDATOR = Draft202012Validator(PLAN_SCHEMA)
+# JSON Schema counts 1.0 as an integer; a plan's counters must be real ints (1.0 would
+# change every derived id), and bools are not numbers.
+_PlanValidator = extend(  # type: ignore[no-untyped-call]
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer",
+                                                            lambda _, v: type(v) is int))
+_PLAN_VALIDATOR: Validator = _PlanValidator(PLAN_SCHEMA)
+
+# Keywords whose verdict on a container holding a ``$ref`` does not depend on the value the
+# reference will take later, so they are decided before dispatch.
+_STRUCTURAL = frozenset({"type", "required", "additionalProperties", "propertyNames",
+                         "minProperties", "maxProperties", "dependentRequired", "minItems",
+                         "maxItems"})
+# Schema keywords that make a sub-schema's shape unknowable without evaluating it.
+_OPAQUE = ("$ref", "$dynamicRef", "anyOf", "oneOf", "allOf", "not", "if", "dependentSchemas")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,13 +123,6 @@ class CompiledPlan:
         return succ
 
 
-def _fmt_path(parts: Collection[str | int], root: str = "$") -> str:
-    out = root
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else f".{p}"
-    return out
-
-
 def is_ref(value: Any) -> bool:
     return isinstance(value, dict) and "$ref" in value
 
@@ -119,34 +140,74 @@ def iter_refs(value: Any, where: tuple[str | int, ...] = ()) -> Iterator[
             yield from iter_refs(v, (*where, i))
 
 
-def schema_at(schema: dict[str, Any], path: tuple[str | int, ...]) -> tuple[bool, str]:
+def _types(schema: dict[str, Any]) -> set[str] | None:
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        return {kind}
+    if isinstance(kind, list):
+        return {k for k in kind if isinstance(k, str)}
+    return None
+
+
+def schema_at(schema: Any, path: Sequence[str | int]) -> tuple[bool, str]:
     """Follow ``path`` through ``schema``. Returns (ok, reason); ok when unknowable."""
     current: Any = schema
     for i, part in enumerate(path):
-        if not isinstance(current, dict) or not current:
+        here = json_path(path[:i], "output")
+        if current is False:
+            return False, f"{here} cannot exist (its schema is false)"
+        if not isinstance(current, dict) or not current or any(k in current for k in _OPAQUE):
             return True, ""
-        if any(k in current for k in ("$ref", "anyOf", "oneOf", "allOf", "if")):
-            return True, ""
-        kind = current.get("type")
-        here = _fmt_path(path[:i])
+        kinds = _types(current)
         if isinstance(part, str):
-            if kind not in (None, "object"):
-                return False, f"{here} is of type {kind!r}, so it has no field {part!r}"
+            if kinds is not None and "object" not in kinds:
+                return False, f"{here} is of type {_show(kinds)}, so it has no field {part!r}"
             props = current.get("properties", {})
-            if part in props:
+            if isinstance(props, dict) and part in props:
                 current = props[part]
+                continue
+            patterns = current.get("patternProperties", {})
+            matched = [sub for pat, sub in patterns.items() if re.search(pat, part)] \
+                if isinstance(patterns, dict) else []
+            if matched:
+                current = matched[0] if len(matched) == 1 else {}
                 continue
             extra = current.get("additionalProperties", True)
             if extra is False:
-                known = ", ".join(sorted(props)) or "none"
+                known = ", ".join(sorted(props)) if isinstance(props, dict) and props else "none"
                 return False, f"{here} has no field {part!r} (known fields: {known})"
-            current = extra if isinstance(extra, dict) else {}
+            current = extra
         else:
-            if kind not in (None, "array"):
-                return False, f"{here} is of type {kind!r}, so it cannot be indexed by {part}"
-            items = current.get("items", {})
-            current = items if isinstance(items, dict) else {}
+            if kinds is not None and "array" not in kinds:
+                return False, f"{here} is of type {_show(kinds)}, so it cannot be indexed by " \
+                              f"{part}"
+            max_items = current.get("maxItems")
+            if isinstance(max_items, int) and part >= max_items:
+                return False, f"{here} holds at most {max_items} item(s), so index {part} " \
+                              "never exists"
+            prefix = current.get("prefixItems", [])
+            if isinstance(prefix, list) and part < len(prefix):
+                current = prefix[part]
+            else:
+                current = current.get("items", {})
     return True, ""
+
+
+def _show(kinds: set[str]) -> str:
+    return repr(next(iter(kinds))) if len(kinds) == 1 else repr(sorted(kinds))
+
+
+def _value_at(value: Any, path: Sequence[str | int]) -> tuple[bool, Any]:
+    """Follow a ``$ref`` path through a JSON value: str parts index objects, ints arrays."""
+    for part in path:
+        if isinstance(part, str):
+            found = isinstance(value, dict) and part in value
+        else:
+            found = type(part) is int and isinstance(value, list) and 0 <= part < len(value)
+        if not found:
+            return False, part
+        value = value[part]
+    return True, value
 
 
 class _Collector:
@@ -171,6 +232,8 @@ def validate_plan(
 
     ``grants``: binding ids the task may use (``None`` = every catalog binding).
     ``depth_offset``: nesting depth already used by enclosing graphs/repeats.
+    ``known_outputs``: outputs of already completed nodes (by node id); references to them
+    are checked against the actual value instead of the producer's output schema.
     """
     diags = _Collector()
     try:
@@ -183,28 +246,34 @@ def validate_plan(
     if size > limits.max_bytes:
         diags.add("$", "too_large", f"plan is {size} bytes; the limit is {limits.max_bytes}")
 
-    shape_errors = sorted(_PLAN_VALIDATOR.iter_errors(plan), key=lambda e: list(e.absolute_path))
-    for err in shape_errors:
-        diags.add(_fmt_path(err.absolute_path), "plan_shape", err.message)
-    if not isinstance(plan, dict) or not isinstance(plan.get("nodes"), list):
+    for err in sorted(_PLAN_VALIDATOR.iter_errors(plan), key=lambda e: list(e.absolute_path)):
+        where = list(err.absolute_path)
+        node_id = None
+        if len(where) >= 2 and where[0] == "nodes" and isinstance(where[1], int):
+            raw = plan["nodes"][where[1]]
+            node_id = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) \
+                else None
+        diags.add(json_path(where), "plan_shape", err.message, node_id)
+    if not isinstance(plan, dict):
         raise PlanValidationError(diags.items, subject=subject)
-    if isinstance(plan.get("schemaVersion"), int) and plan["schemaVersion"] != PLAN_SCHEMA_VERSION:
+    version = plan.get("schemaVersion")
+    if type(version) is int and version != PLAN_SCHEMA_VERSION:
         diags.add("$.schemaVersion", "unsupported_schema_version",
-                  f"schemaVersion {plan['schemaVersion']} is not supported; use "
-                  f"{PLAN_SCHEMA_VERSION}")
+                  f"schemaVersion {version} is not supported; use {PLAN_SCHEMA_VERSION}")
     requested_conc = plan.get("maxConcurrency")
-    if isinstance(requested_conc, int) and requested_conc > limits.max_concurrency:
+    if type(requested_conc) is int and requested_conc > limits.max_concurrency:
         diags.add("$.maxConcurrency", "concurrency_limit",
                   f"maxConcurrency {requested_conc} exceeds the host limit "
                   f"{limits.max_concurrency}")
-
-    raw_nodes = [n for n in plan["nodes"] if isinstance(n, dict)]
-    if len(raw_nodes) > limits.max_nodes:
+    if not isinstance(plan.get("nodes"), list):
+        raise PlanValidationError(diags.items, subject=subject)
+    nodes: list[Any] = plan["nodes"]
+    if len(nodes) > limits.max_nodes:
         diags.add("$.nodes", "too_many_nodes",
-                  f"plan has {len(raw_nodes)} nodes; the limit is {limits.max_nodes}")
+                  f"plan has {len(nodes)} nodes; the limit is {limits.max_nodes}")
 
     ids: dict[str, int] = {}
-    for i, node in enumerate(plan["nodes"]):
+    for i, node in enumerate(nodes):
         nid = node.get("id") if isinstance(node, dict) else None
         if isinstance(nid, str):
             if nid in ids:
@@ -216,138 +285,50 @@ def validate_plan(
     bindings: dict[str, Binding] = {}
     deps: dict[str, set[str]] = {}
     refs: dict[str, list[Ref]] = {}
-    for i, node in enumerate(plan["nodes"]):
-        if not isinstance(node, dict) or not isinstance(node.get("id"), str):
-            continue
-        nid = node["id"]
-        if ids.get(nid) != i:
-            continue
-        where = f"$.nodes[{i}]"
-        bid, ver = node.get("binding"), node.get("version")
-        binding = catalog.get(bid, ver) if isinstance(bid, str) and isinstance(ver, str) else None
-        if binding is None and isinstance(bid, str) and isinstance(ver, str):
-            versions = catalog.versions(bid)
-            if versions:
-                diags.add(f"{where}.version", "unknown_version",
-                          f"binding {bid!r} has no version {ver!r} (registered: "
-                          f"{', '.join(versions)})", nid)
-            else:
-                diags.add(f"{where}.binding", "unknown_binding",
-                          f"no binding {bid!r} in the host catalog", nid)
+    for nid, i in ids.items():
+        node = nodes[i]
+        binding = _check_binding(node, f"$.nodes[{i}]", nid, catalog, grants, diags)
         if binding is not None:
-            if grants is not None and binding.id not in grants:
-                diags.add(f"{where}.binding", "binding_not_granted",
-                          f"binding {binding.id!r} is not among the task's grants", nid)
             bindings[nid] = binding
-        node_deps: set[str] = set()
-        for field_name in ("dependsOn", "inputsFrom"):
-            values = node.get(field_name, [])
-            if not isinstance(values, list):
-                continue
-            for j, dep in enumerate(values):
-                if not isinstance(dep, str):
-                    continue
-                if dep == nid:
-                    diags.add(f"{where}.{field_name}[{j}]", "self_dependency",
-                              f"node {nid!r} cannot depend on itself", nid)
-                elif dep not in ids:
-                    diags.add(f"{where}.{field_name}[{j}]", "unknown_dependency",
-                              f"node {nid!r} names unknown node {dep!r}", nid)
-                else:
-                    node_deps.add(dep)
-        args = node.get("args", {})
-        node_refs: list[Ref] = []
-        if isinstance(args, dict):
-            for arg_path, body in iter_refs(args):
-                rwhere = _fmt_path(arg_path, f"{where}.args") + ".$ref"
-                ref = _parse_ref(body, rwhere, nid, diags)
-                if ref is None:
-                    continue
-                target, path = ref
-                if target == nid:
-                    diags.add(rwhere, "self_dependency",
-                              f"node {nid!r} cannot reference its own output", nid)
-                    continue
-                if target not in ids:
-                    diags.add(rwhere, "unknown_reference",
-                              f"$ref names unknown node {target!r}", nid)
-                    continue
-                node_deps.add(target)
-                node_refs.append(Ref(arg_path=arg_path, node=target, path=path))
-                if binding is not None and binding.reference_inputs:
-                    dotted = ".".join(str(p) for p in arg_path)
-                    if not any(dotted == p or p == "" or dotted.startswith(p + ".")
-                               for p in binding.reference_inputs):
-                        diags.add(rwhere, "reference_input_not_allowed",
-                                  f"binding {binding.id!r} accepts references only at "
-                                  f"{list(binding.reference_inputs)}, not at {dotted!r}", nid)
-        deps[nid] = node_deps
-        refs[nid] = node_refs
+        deps[nid], refs[nid] = _check_dependencies(node, f"$.nodes[{i}]", nid, binding, ids,
+                                                   diags)
 
-    # Reference paths are checked against the producer's declared outputs and schema.
     for nid, node_refs in refs.items():
-        i = ids[nid]
         for r in node_refs:
-            producer = bindings.get(r.node)
-            if producer is None:
-                continue
-            rwhere = _fmt_path(r.arg_path, f"$.nodes[{i}].args") + ".$r.path"
-            dotted = ".".join(str(p) for p in r.path)
-            if producer.reference_outputs and not any(
-                    p == "" or dotted == p or dotted.startswith(p + ".")
-                    for p in producer.reference_outputs):
-                diags.add(rwhere, "reference_output_not_allowed",
-                          f"{r.node!r} ({producer.id}) exposes only "
-                          f"{list(producer.reference_outputs)} to references, not {dotted!r}",
-                          nid)
-                continue
-            ok, reason = schema_at(_output_schema(producer), r.path)
-            if not ok:
-                diags.add(rwhere, "bad_reference_path",
-                          f"{r.node!r} output: {reason}", nid)
+            _check_ref_path(r, ids[nid], nid, bindings.get(r.node), catalog, known_outputs,
+                            diags)
 
     order, cyclic = _toposort(ids, deps)
-    for cycle in _cycles(cyclic, deps):
+    for cycle in _cycles(cyclic, deps, ids):
         diags.add(f"$.nodes[{ids[cycle[0]]}]", "cycle",
-                  "dependency cycle: " + " -> ".join([*cycle, cycle[0]]), cycle[0])
+                  "dependency cycle: " + " -> ".join([*cycle, cycle[0]])
+                  + " (each node waits for the next)", cycle[0])
 
     depth_of: dict[str, int] = {}
     for nid in order:
-        own = 1 + _nested_depth(bindings.get(nid))
+        own = 1 + (catalog.program_depth(bindings[nid]) if nid in bindings else 0)
         depth_of[nid] = own + max((depth_of[d] for d in deps[nid] if d in depth_of), default=0)
     plan_depth = max(depth_of.values(), default=0)
     if depth_offset + plan_depth > limits.max_depth:
-        deepest = max(depth_of, key=lambda n: depth_of[n])
+        deepest = max(order, key=lambda n: depth_of[n])
         diags.add(f"$.nodes[{ids[deepest]}]", "too_deep",
-                  f"cumulative depth {depth_offset + plan_depth} (dependencies and nesting) "
-                  f"exceeds the limit {limits.max_depth}", deepest)
+                  f"cumulative depth {depth_offset + plan_depth} (dependency chain plus nested "
+                  f"programs{f', plus {depth_offset} above this plan' if depth_offset else ''})"
+                  f" exceeds the limit {limits.max_depth}", deepest)
 
-    # Fully static args are checked now; args with references after resolution.
     for nid, binding in bindings.items():
-        i = ids[nid]
-        args = plan["nodes"][i].get("args", {})
-        if not isinstance(args, dict):
-            continue
-        if not refs.get(nid):
-            for err in sorted(binding.input_validator.iter_errors(args),
-                              key=lambda e: list(e.absolute_path)):
-                diags.add(_fmt_path(err.absolute_path, f"$.nodes[{i}].args"), "args_invalid",
-                          f"args violate {binding.id!r} input schema: {err.message}", nid)
-        if binding.validate_template is not None:
-            try:
-                binding.validate_template(args)
-            except Exception as exc:  # host callback: any failure is a diagnostic
-                diags.add(f"$.nodes[{i}].args", "template_invalid",
-                          f"{binding.id!r} rejected the args template: {exc}", nid)
+        args = nodes[ids[nid]].get("args", {})
+        if isinstance(args, dict):
+            _check_args(args, f"$.nodes[{ids[nid]}].args", nid, binding,
+                        [r.arg_path for r in refs[nid]], diags)
 
     if diags.items:
         raise PlanValidationError(diags.items, subject=subject)
 
     compiled = {
         nid: CompiledNode(
-            id=nid, binding=bindings[nid],
-            args=plan["nodes"][ids[nid]].get("args", {}),
-            deps=tuple(sorted(deps[nid])), refs=tuple(refs[nid]),
+            id=nid, binding=bindings[nid], args=nodes[ids[nid]].get("args", {}),
+            deps=tuple(sorted(deps[nid], key=ids.__getitem__)), refs=tuple(refs[nid]),
             depth=depth_offset + depth_of[nid])
         for nid in order
     }
@@ -358,60 +339,153 @@ def validate_plan(
         depth=depth_offset + plan_depth, raw=plan)
 
 
-def _output_schema(binding: Binding) -> dict[str, Any]:
-    if isinstance(binding, GraphBinding) and not binding.output_schema:
-        return {}
-    return binding.output_schema
+def _check_binding(node: dict[str, Any], where: str, nid: str, catalog: HostCatalog,
+                   grants: Collection[str] | None, diags: _Collector) -> Binding | None:
+    bid, ver = node.get("binding"), node.get("version")
+    if not isinstance(bid, str) or not isinstance(ver, str):
+        return None  # a shape diagnostic already says so
+    binding = catalog.get(bid, ver)
+    if binding is None:
+        versions = catalog.versions(bid)
+        if versions:
+            diags.add(f"{where}.version", "unknown_version",
+                      f"binding {bid!r} has no version {ver!r} (registered: "
+                      f"{', '.join(versions)})", nid)
+        else:
+            diags.add(f"{where}.binding", "unknown_binding",
+                      f"no binding {bid!r} in the host catalog", nid)
+        return None
+    if grants is not None and binding.id not in grants:
+        diags.add(f"{where}.binding", "binding_not_granted",
+                  f"binding {binding.id!r} is not among the task's grants", nid)
+    return binding
 
 
-def _nested_depth(binding: Binding | None) -> int:
-    """Nesting depth a graph/repeat binding adds below its node (0 for leaves)."""
-    if isinstance(binding, GraphBinding | RepeatBinding):
-        plan = binding.program.plan
-        if isinstance(plan, dict):
-            return _static_depth(plan)
-    return 0
+def _check_dependencies(node: dict[str, Any], where: str, nid: str, binding: Binding | None,
+                        ids: dict[str, int], diags: _Collector) -> tuple[set[str], list[Ref]]:
+    found: set[str] = set()
+    for field_name in ("dependsOn", "inputsFrom"):
+        values = node.get(field_name, [])
+        if not isinstance(values, list):
+            continue
+        for j, dep in enumerate(values):
+            if not isinstance(dep, str):
+                continue
+            if dep == nid:
+                diags.add(f"{where}.{field_name}[{j}]", "self_dependency",
+                          f"node {nid!r} cannot depend on itself", nid)
+            elif dep not in ids:
+                diags.add(f"{where}.{field_name}[{j}]", "unknown_dependency",
+                          f"node {nid!r} names unknown node {dep!r}", nid)
+            else:
+                found.add(dep)
+    node_refs: list[Ref] = []
+    args = node.get("args", {})
+    if not isinstance(args, dict):
+        return found, node_refs
+    for arg_path, body in iter_refs(args):
+        rwhere = json_path(arg_path, f"{where}.args")
+        ref = _parse_ref(body, rwhere, nid, diags)
+        if ref is None:
+            continue
+        target, path = ref
+        if target == nid:
+            diags.add(f"{rwhere}.$ref.node", "self_dependency",
+                      f"node {nid!r} cannot reference its own output", nid)
+            continue
+        if target not in ids:
+            diags.add(f"{rwhere}.$ref.node", "unknown_reference",
+                      f"$ref names unknown node {target!r}", nid)
+            continue
+        found.add(target)
+        node_refs.append(Ref(arg_path=arg_path, node=target, path=path))
+        if binding is not None and binding.reference_inputs:
+            dotted = ".".join(str(p) for p in arg_path)
+            if not _covered(dotted, binding.reference_inputs):
+                diags.add(rwhere, "reference_input_not_allowed",
+                          f"binding {binding.id!r} accepts references only at "
+                          f"{list(binding.reference_inputs)}, not at {dotted!r}", nid)
+    return found, node_refs
 
 
-def _static_depth(plan: dict[str, Any]) -> int:
-    nodes = [n for n in plan.get("nodes", []) if isinstance(n, dict) and "id" in n]
-    deps: dict[str, set[str]] = {}
-    for n in nodes:
-        found = {d for d in n.get("dependsOn", []) + n.get("inputsFrom", [])
-                 if isinstance(d, str)}
-        for _, body in iter_refs(n.get("args", {})):
-            target = body.get("$ref", {}).get("node") if isinstance(body.get("$ref"), dict) \
-                else None
-            if isinstance(target, str):
-                found.add(target)
-        deps[n["id"]] = found
-    ids = {n["id"]: i for i, n in enumerate(nodes)}
-    order, _ = _toposort(ids, deps)
-    depth: dict[str, int] = {}
-    for nid in order:
-        depth[nid] = 1 + max((depth[d] for d in deps[nid] if d in depth), default=0)
-    return max(depth.values(), default=0)
+def _covered(dotted: str, allowed: Collection[str]) -> bool:
+    """Whether a dot path lies at or below one of ``allowed`` (``""`` = the whole value)."""
+    return any(p == "" or dotted == p or dotted.startswith(p + ".") for p in allowed)
+
+
+def _check_ref_path(r: Ref, i: int, nid: str, producer: Binding | None, catalog: HostCatalog,
+                    known_outputs: dict[str, Any] | None, diags: _Collector) -> None:
+    if producer is None:
+        return  # the producer's own binding diagnostic explains it
+    where = json_path(r.arg_path, f"$.nodes[{i}].args") + ".$ref.path"
+    dotted = ".".join(str(p) for p in r.path)
+    if producer.reference_outputs and not _covered(dotted, producer.reference_outputs):
+        diags.add(where, "reference_output_not_allowed",
+                  f"{r.node!r} ({producer.id}) exposes only {list(producer.reference_outputs)} "
+                  f"to references, not {dotted!r}", nid)
+        return
+    if known_outputs is not None and r.node in known_outputs:
+        ok, missing = _value_at(known_outputs[r.node], r.path)
+        if not ok:
+            diags.add(where, "bad_reference_path",
+                      f"{r.node!r} output has no {missing!r} along {list(r.path)}", nid)
+        return
+    ok, reason = schema_at(catalog.reference_schema(producer), r.path)
+    if not ok:
+        diags.add(where, "bad_reference_path", f"{r.node!r} {reason}", nid)
+
+
+def _check_args(args: dict[str, Any], where: str, nid: str, binding: Binding,
+                ref_paths: list[tuple[str | int, ...]], diags: _Collector) -> None:
+    """Args are checked now as far as they are static; the rest after resolution."""
+    for err in sorted(binding.input_validator.iter_errors(args),
+                      key=lambda e: list(e.absolute_path)):
+        if _static_verdict(err, ref_paths):
+            diags.add(json_path(err.absolute_path, where), "args_invalid",
+                      f"args violate {binding.id!r} input schema: {err.message}", nid)
+    if binding.validate_template is not None:
+        try:
+            binding.validate_template(json_copy(args))
+        except Exception as exc:  # host callback: any failure is a diagnostic
+            diags.add(where, "template_invalid",
+                      f"{binding.id!r} rejected the args template: {exc}", nid)
+
+
+def _static_verdict(err: SchemaViolation, ref_paths: list[tuple[str | int, ...]]) -> bool:
+    """Whether a schema error stands no matter what values the references resolve to."""
+    at = tuple(err.absolute_path)
+    for ref in ref_paths:
+        if at[:len(ref)] == ref:
+            return False  # at or inside a future value
+        if ref[:len(at)] == at and err.validator not in _STRUCTURAL:
+            return False  # a container's verdict that may depend on the future value
+    return True
 
 
 def _parse_ref(body: Any, where: str, nid: str,
                diags: _Collector) -> tuple[str, tuple[str | int, ...]] | None:
     if set(body) != {"$ref"}:
-        diags.add(where, "bad_reference", "a $ref object must have no other keys", nid)
+        extra = sorted(k for k in body if k != "$ref")
+        diags.add(where, "bad_reference",
+                  f"a $ref object must have no other keys (found {extra})", nid)
         return None
     ref = body["$ref"]
     if not isinstance(ref, dict) or not isinstance(ref.get("node"), str) or \
             set(ref) - {"node", "path"}:
-        diags.add(where, "bad_reference",
+        diags.add(f"{where}.$ref", "bad_reference",
                   'expected {"$ref": {"node": "<id>", "path": [...]}}', nid)
         return None
     path = ref.get("path", [])
-    if not isinstance(path, list) or not all(
-            isinstance(p, str) or (isinstance(p, int) and not isinstance(p, bool) and p >= 0)
-            for p in path):
-        diags.add(f"{where}.path", "bad_reference",
+    if not isinstance(path, list):
+        diags.add(f"{where}.$ref.path", "bad_reference",
                   "path must be a list of field names and non-negative indexes", nid)
         return None
-    return ref["node"], tuple(path)
+    bad = [k for k, p in enumerate(path)
+           if not (isinstance(p, str) or (type(p) is int and p >= 0))]
+    for k in bad:
+        diags.add(f"{where}.$ref.path[{k}]", "bad_reference",
+                  f"path item {path[k]!r} is neither a field name nor a non-negative index", nid)
+    return None if bad else (ref["node"], tuple(path))
 
 
 def _toposort(ids: dict[str, int], deps: dict[str, set[str]]) -> tuple[list[str], set[str]]:
@@ -422,10 +496,9 @@ def _toposort(ids: dict[str, int], deps: dict[str, set[str]]) -> tuple[list[str]
         for d in ds:
             if d in succ:
                 succ[d].append(n)
-    ready = sorted((n for n, k in indeg.items() if k == 0), key=ids.__getitem__)
-    order: list[str] = []
-    heap = [(ids[n], n) for n in ready]
+    heap = [(ids[n], n) for n, k in indeg.items() if k == 0]
     heapq.heapify(heap)
+    order: list[str] = []
     while heap:
         _, n = heapq.heappop(heap)
         order.append(n)
@@ -436,48 +509,89 @@ def _toposort(ids: dict[str, int], deps: dict[str, set[str]]) -> tuple[list[str]
     return order, set(ids) - set(order)
 
 
-def _cycles(cyclic: set[str], deps: dict[str, set[str]]) -> list[list[str]]:
-    """One representative cycle per strongly connected component among ``cyclic`` nodes."""
+def _cycles(cyclic: set[str], deps: dict[str, set[str]],
+            ids: dict[str, int]) -> list[list[str]]:
+    """One cycle per strongly connected component among ``cyclic`` nodes, in plan order.
+
+    ``cyclic`` also holds nodes that merely wait on a cycle; they form no component of
+    their own, so they are not reported.
+    """
+    pos = ids.__getitem__
+    inner = {n: sorted((d for d in deps[n] if d in cyclic), key=pos) for n in cyclic}
     found: list[list[str]] = []
-    seen: set[str] = set()
-    for start in sorted(cyclic):
-        if start in seen:
+    for comp in _components(sorted(cyclic, key=pos), inner):
+        if len(comp) < 2:
             continue
-        # Walk dependencies inside the cyclic set until a node repeats.
-        path: list[str] = []
-        pos: dict[str, int] = {}
-        node = start
-        while node not in pos:
-            pos[node] = len(path)
-            path.append(node)
-            nxt = sorted(d for d in deps.get(node, ()) if d in cyclic)
-            if not nxt:
-                break
-            node = nxt[0]
-        else:
-            cycle = path[pos[node]:]
-            if not seen.intersection(cycle):
-                found.append(cycle)
-        seen.update(path)
-    return found
+        # Every member has a dependency inside the component, so this walk closes a loop.
+        walk: list[str] = []
+        at: dict[str, int] = {}
+        n = min(comp, key=pos)
+        while n not in at:
+            at[n] = len(walk)
+            walk.append(n)
+            n = next(d for d in inner[n] if d in comp)
+        cycle = walk[at[n]:]
+        first = cycle.index(min(cycle, key=pos))
+        found.append(cycle[first:] + cycle[:first])
+    return sorted(found, key=lambda c: pos(c[0]))
+
+
+def _components(nodes: list[str], edges: dict[str, list[str]]) -> list[set[str]]:
+    """Strongly connected components (Kosaraju, iterative: plans may be large)."""
+    finished: list[str] = []
+    seen: set[str] = set()
+    for root in nodes:
+        if root in seen:
+            continue
+        seen.add(root)
+        stack = [(root, iter(edges[root]))]
+        while stack:
+            n, it = stack[-1]
+            nxt = next((d for d in it if d not in seen), None)
+            if nxt is None:
+                stack.pop()
+                finished.append(n)
+            else:
+                seen.add(nxt)
+                stack.append((nxt, iter(edges[nxt])))
+    reverse: dict[str, list[str]] = {n: [] for n in nodes}
+    for n in nodes:
+        for d in edges[n]:
+            reverse[d].append(n)
+    comps: list[set[str]] = []
+    assigned: set[str] = set()
+    for root in reversed(finished):
+        if root in assigned:
+            continue
+        comp = {root}
+        assigned.add(root)
+        todo = [root]
+        while todo:
+            for m in reverse[todo.pop()]:
+                if m not in assigned:
+                    assigned.add(m)
+                    comp.add(m)
+                    todo.append(m)
+        comps.append(comp)
+    return comps
 
 
 def resolve_args(args: Any, outputs: dict[str, Any]) -> Any:
-    """Replace every ``$ref`` in ``args`` with the referenced producer output value.
+    """Replace every ``$ref`` in ``args`` with a copy of the referenced output value.
 
-    Raises ``LookupError`` naming the reference when the path does not exist.
+    Raises ``LookupError`` naming the reference when the producer has no output or the
+    path does not exist in it (string parts index objects, integer parts index arrays).
     """
     if is_ref(args):
         ref = args["$ref"]
-        value = outputs[ref["node"]]
-        for part in ref.get("path", []):
-            try:
-                value = value[part]
-            except (KeyError, IndexError, TypeError):
-                raise LookupError(
-                    f"$ref {ref['node']}{''.join(f'[{p!r}]' for p in ref.get('path', []))}: "
-                    f"the output has no {part!r}") from None
-        return value
+        node, path = ref["node"], ref.get("path", [])
+        shown = json_path(path, f"$ref {node}")
+        if node not in outputs:
+            raise LookupError(f"{shown}: node {node!r} has no output")
+        ok, missing = _value_at(outputs[node], path)
+        if not ok:
+            raise LookupError(f"{shown}: the output has no {missing!r}")
+        return json_copy(missing)  # consumers must not share (and mutate) stored outputs
     if isinstance(args, dict):
         return {k: resolve_args(v, outputs) for k, v in args.items()}
     if isinstance(args, list):
@@ -487,5 +601,3 @@ def resolve_args(args: Any, outputs: dict[str, Any]) -> Any:
 
 __all__ = ["PLAN_SCHEMA", "CompiledNode", "CompiledPlan", "Ref", "resolve_args",
            "validate_plan"]
-
-
