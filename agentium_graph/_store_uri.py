@@ -1,0 +1,142 @@
+"""Open a durable task store from a URI (``--store`` of the CLI, the demo).
+
+Accepted forms::
+
+    sqlite:///relative/path.db      a file relative to the current directory
+    sqlite:////absolute/path.db     an absolute path (four slashes)
+    mongodb://host[:port][/database][?options]
+    mongodb+srv://host[/database][?options]
+
+Everything after ``sqlite:///`` is taken literally as the filesystem path (``~`` is
+expanded). Store packages are imported lazily, so the core never imports a driver.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+from urllib.parse import unquote, urlsplit
+
+from agentium_graph.errors import ConfigurationError, StoreError
+from agentium_graph.store._protocol import DurableTaskStore
+
+__all__ = ["ACCEPTED_FORMS", "DEFAULT_MONGODB_DATABASE", "StoreURI", "open_store_uri",
+           "parse_store_uri", "redact"]
+
+ACCEPTED_FORMS = ("sqlite:///relative/path.db, sqlite:////absolute/path.db, "
+                  "mongodb://host[:port]/[database], mongodb+srv://host/[database]")
+DEFAULT_MONGODB_DATABASE = "agentium"
+
+_SQLITE_PREFIX = "sqlite:///"
+_MONGO_SCHEMES = ("mongodb", "mongodb+srv")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreURI:
+    """A parsed store URI. ``path`` is set for SQLite, ``database`` for MongoDB."""
+
+    scheme: Literal["sqlite", "mongodb"]
+    uri: str
+    path: Path | None = None
+    database: str | None = None
+
+
+def redact(uri: str) -> str:
+    """``uri`` with any password replaced by ``***``, fit for messages and logs."""
+    head, sep, tail = uri.partition("://")
+    userinfo, at, host = tail.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return uri
+    user = userinfo.split(":", 1)[0]
+    return f"{head}://{user}:***@{host}"
+
+
+def _bad(uri: str, why: str) -> ConfigurationError:
+    shown = redact(uri)
+    return ConfigurationError(
+        f"invalid store URI {shown!r}: {why}; accepted forms: {ACCEPTED_FORMS}",
+        details={"uri": shown})
+
+
+def parse_store_uri(uri: str, *, database: str | None = None) -> StoreURI:
+    """Parse ``uri`` without any I/O; raise ConfigurationError naming the accepted forms.
+
+    ``database`` overrides the MongoDB database named in the URI path; it is rejected
+    for SQLite, where it would silently mean nothing.
+    """
+    if not isinstance(uri, str) or not uri.strip():
+        raise _bad(str(uri), "it is empty")
+    scheme, sep, rest = uri.partition(":")
+    scheme = scheme.lower()
+    if not sep or not scheme:
+        hint = f" (did you mean sqlite:///{uri}?)" if uri.endswith(".db") else ""
+        raise _bad(uri, f"it has no scheme{hint}")
+    if scheme == "sqlite":
+        if database is not None:
+            raise ConfigurationError("--database applies only to mongodb:// store URIs",
+                                     details={"uri": uri})
+        if not uri[len("sqlite:"):].startswith("///"):
+            raise _bad(uri, "a sqlite URI has three slashes before a relative path and four "
+                            "before an absolute one")
+        raw = uri[len(_SQLITE_PREFIX):]
+        if not raw.strip() or raw.endswith(("/", os.sep)):
+            raise _bad(uri, "the database file path is missing")
+        if raw == ":memory:":
+            raise _bad(uri, "an in-memory database is not durable; name a file")
+        return StoreURI(scheme="sqlite", uri=uri, path=Path(raw).expanduser())
+    if scheme in _MONGO_SCHEMES:
+        parts = urlsplit(uri)
+        if not rest.startswith("//") or not parts.netloc or parts.netloc.endswith("@"):
+            raise _bad(uri, "a mongodb URI needs a host after '//'")
+        name = database if database is not None else (
+            unquote(parts.path.lstrip("/")) or DEFAULT_MONGODB_DATABASE)
+        if not name or "/" in name or any(c in name for c in ' ."$\\\0'):
+            raise _bad(uri, f"{name!r} is not a valid MongoDB database name")
+        return StoreURI(scheme="mongodb", uri=uri, database=name)
+    raise _bad(uri, f"unknown scheme {scheme!r}")
+
+
+def open_store_uri(uri: str, *, database: str | None = None,
+                   must_exist: bool = False) -> DurableTaskStore:
+    """Construct the store a URI names; like every store constructor, this does no I/O.
+
+    ``must_exist=True`` (readers such as the CLI) refuses a SQLite path whose file does
+    not exist instead of letting the store create an empty database there. A store whose
+    package is not installed raises StoreError saying which package to install.
+    """
+    parsed = parse_store_uri(uri, database=database)
+    if parsed.scheme == "sqlite":
+        assert parsed.path is not None
+        if must_exist and not parsed.path.is_file():
+            where = parsed.path.parent
+            why = ("its directory does not exist" if not where.is_dir()
+                   else "no such file")
+            raise StoreError(
+                f"no SQLite task database at {str(parsed.path)!r} ({why}); check --store "
+                "(sqlite:///relative/path.db or sqlite:////absolute/path.db) or set "
+                "AGENTIUM_STORE", details={"path": str(parsed.path)})
+        cls = _store_class("agentium_graph_sqlite", "SQLiteDurableTaskStore",
+                           "agentium-graph-sqlite")
+        store: DurableTaskStore = cls(parsed.path)
+        return store
+    cls = _store_class("agentium_graph_mongodb", "MongoDBDurableTaskStore",
+                       "agentium-graph-mongodb")
+    store = cls(parsed.uri, database=parsed.database)
+    return store
+
+
+def _store_class(module: str, name: str,
+                 distribution: str) -> Callable[..., DurableTaskStore]:
+    # importlib keeps store packages (and their drivers) optional for the core and mypy.
+    try:
+        found: Callable[..., DurableTaskStore] = getattr(importlib.import_module(module), name)
+    except ImportError as exc:
+        cause = "" if exc.name == module else f" (importing it failed: {exc})"
+        raise StoreError(
+            f"this store needs the {distribution} package{cause}; install it with "
+            f"`pip install {distribution}`", details={"package": distribution}) from None
+    return found

@@ -1,0 +1,533 @@
+"""The ``agentium-graph`` operator CLI: list, inspect, cancel and page the timeline of tasks.
+
+Built on click (parsing) and rich (tables). Every command is one function registered on
+the :data:`cli` group and gets its store through :func:`run_with_store`, which opens the
+``--store`` URI, awaits the command's coroutine and always closes the store. New commands
+(``demo``, ``resolve``) are added the same way, or with ``cli.add_command(...)``.
+
+The CLI never runs a task: ``inspect`` and ``timeline`` only read, and ``cancel`` records a
+cancel request that the worker holding the task's lease observes.
+
+Exit codes (:data:`EXIT_CODES`): 0 ok; 1 any other error; 2 usage (a bad option, a bad
+``--store`` URI or cursor); 3 no task under that key; 4 the store cannot be opened or is
+unavailable. Errors are one line on stderr starting with ``error:``, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar, get_args
+
+import click
+from pydantic import BaseModel, ConfigDict
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from agentium_graph._store_uri import open_store_uri
+from agentium_graph.catalog._catalog import HostCatalog
+from agentium_graph.errors import (
+    AgentiumGraphError,
+    ConfigurationError,
+    ErrorInfo,
+    StoreError,
+    TaskNotFoundError,
+)
+from agentium_graph.runtime._runtime import ExecutionGraphRuntime, TimelinePage, build_view
+from agentium_graph.runtime._views import NodeView, TaskView
+from agentium_graph.store._protocol import DurableTaskStore
+from agentium_graph.store._records import (
+    COUNTERS,
+    AttemptRecord,
+    LeaseRecord,
+    TaskHeader,
+    TaskStatus,
+)
+from agentium_graph.store._requests import CancelTaskRequest, ListTasksRequest
+
+__all__ = [
+    "EXIT_CODES", "EXIT_ERROR", "EXIT_NOT_FOUND", "EXIT_STORE", "EXIT_USAGE", "CancelOutcome",
+    "CliConfig", "TaskList", "cli", "exit_code_for", "main", "run_with_store",
+]
+
+T = TypeVar("T")
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_STORE = 4
+EXIT_CODES: dict[str, int] = {"error": EXIT_ERROR, "usage": EXIT_USAGE,
+                              "not_found": EXIT_NOT_FOUND, "store": EXIT_STORE}
+
+DEFAULT_STORE = "sqlite:///agentium.db"
+STATUSES: tuple[str, ...] = get_args(TaskStatus)
+_DIGEST_CHARS = 12
+_HEX_ID = re.compile(r"^([A-Za-z0-9]+[:_])([0-9a-f]{13,})$")
+
+
+# --- errors -----------------------------------------------------------------------------
+
+def exit_code_for(exc: AgentiumGraphError) -> int:
+    """The process exit code for an SDK error (see the module docstring)."""
+    if isinstance(exc, TaskNotFoundError):
+        return EXIT_NOT_FOUND
+    if isinstance(exc, StoreError):
+        return EXIT_STORE
+    if isinstance(exc, ConfigurationError):
+        return EXIT_USAGE
+    return EXIT_ERROR
+
+
+def _one_line(exc: AgentiumGraphError) -> str:
+    return " ".join((str(exc) or exc.code).split())
+
+
+class _Group(click.Group):
+    """Reports every SDK error raised by any subcommand as one ``error:`` line on stderr."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except AgentiumGraphError as exc:
+            click.echo(f"error: {_one_line(exc)}", err=True)
+            ctx.exit(exit_code_for(exc))
+
+
+# --- store plumbing -----------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class CliConfig:
+    """The group's options, available to every command as ``ctx.obj``."""
+
+    store_uri: str
+    database: str | None = None
+
+
+def run_with_store(config: CliConfig, fn: Callable[[DurableTaskStore], Awaitable[T]]) -> T:
+    """Open the configured store (it must already exist), await ``fn(store)``, close it."""
+    return asyncio.run(_with_store(config, fn))
+
+
+async def _with_store(config: CliConfig, fn: Callable[[DurableTaskStore], Awaitable[T]]) -> T:
+    store = open_store_uri(config.store_uri, database=config.database, must_exist=True)
+    try:
+        result = await fn(store)
+    except BaseException:
+        # The original error is the one to report; a failing close must not mask it.
+        with contextlib.suppress(AgentiumGraphError):
+            await store.close()
+        raise
+    await store.close()
+    return result
+
+
+async def _header(store: DurableTaskStore, key: str) -> TaskHeader:
+    header = await store.get_header(key)
+    if header is None:
+        raise TaskNotFoundError(key)
+    return header
+
+
+def _reader(store: DurableTaskStore) -> ExecutionGraphRuntime:
+    # Reading a timeline never consults the catalog; an empty one keeps a single
+    # implementation of paging and cursors, shared with runtime.timeline().
+    return ExecutionGraphRuntime(catalog=HostCatalog([]), store=store)
+
+
+# --- output models ------------------------------------------------------------------------
+
+class TaskList(BaseModel):
+    """``list --json``: task headers in key order; pass ``next_after`` to ``--after``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tasks: tuple[TaskHeader, ...]
+    next_after: str | None
+
+
+class CancelOutcome(BaseModel):
+    """``cancel --json``: whether this call recorded the request and who will observe it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str
+    recorded: bool
+    observed_by: str | None
+    header: TaskHeader
+
+
+def _emit_json(model: BaseModel) -> None:
+    click.echo(json.dumps(model.model_dump(mode="json"), indent=2, sort_keys=True,
+                          ensure_ascii=False))
+
+
+def _console() -> Console:
+    # Resolved per call so click's CliRunner (which swaps sys.stdout) captures tables.
+    return Console(highlight=False, soft_wrap=False)
+
+
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Print JSON (the models' model_dump(mode='json')) instead of "
+                                "tables.")
+
+
+# --- the group ----------------------------------------------------------------------------
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--store", "store_uri", envvar="AGENTIUM_STORE", default=DEFAULT_STORE,
+              show_default=True, show_envvar=True, metavar="URI",
+              help="Task store: sqlite:///relative/path.db, sqlite:////absolute/path.db, "
+                   "mongodb://host[:port]/[database] or mongodb+srv://host/[database].")
+@click.option("--database", default=None, metavar="NAME",
+              help="MongoDB database (default: the URI's path, else 'agentium').")
+@click.version_option(package_name="agentium-graph", prog_name="agentium-graph")
+@click.pass_context
+def cli(ctx: click.Context, store_uri: str, database: str | None) -> None:
+    """Inspect and control agentium-graph tasks in a durable store.
+
+    Exit codes: 0 ok, 1 error, 2 usage (bad option, --store URI or cursor),
+    3 unknown task key, 4 store cannot be opened or is unavailable.
+    """
+    ctx.obj = CliConfig(store_uri=store_uri, database=database)
+
+
+def main() -> None:
+    """Console-script entry point (``agentium-graph``, ``python -m agentium_graph``)."""
+    cli()
+
+
+# --- list ---------------------------------------------------------------------------------
+
+@cli.command("list")
+@click.option("--status", type=click.Choice(STATUSES), default=None,
+              help="Only tasks with this status.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True,
+              help="At most this many tasks.")
+@click.option("--after", metavar="KEY", default=None,
+              help="Only keys sorted after KEY (the next_after of the previous page).")
+@json_option
+@click.pass_obj
+def list_command(config: CliConfig, status: str | None, limit: int, after: str | None,
+                 as_json: bool) -> None:
+    """List tasks in key order, with status, lease and counters."""
+
+    async def fetch(store: DurableTaskStore) -> TaskList:
+        # One extra row tells whether another page exists.
+        request = ListTasksRequest.model_validate(
+            {"status": status, "after": after, "limit": min(limit + 1, 1000)})
+        headers = await store.list_tasks(request)
+        page = tuple(headers[:limit])
+        more = len(headers) > limit or (limit == 1000 and len(headers) == 1000)
+        return TaskList(tasks=page, next_after=page[-1].key if more and page else None)
+
+    result = run_with_store(config, fetch)
+    if as_json:
+        _emit_json(result)
+    else:
+        _render_list(_console(), result, status)
+
+
+def _render_list(console: Console, result: TaskList, status: str | None) -> None:
+    if not result.tasks:
+        console.print(f"no tasks{' with status ' + status if status else ''}")
+        return
+    now = datetime.now(UTC)
+    console.print(_table(
+        f"{len(result.tasks)} task(s)",
+        [("key", "id"), ("status", "fixed"), ("fence", "num"), ("lease", "text"),
+         ("cancel", "text"), ("attempts", "num"), ("updated", "fixed")],
+        [[Text(h.key), _status(h.status), str(h.fence), _lease(h.lease, now, short=True),
+          Text(h.cancel.reason if h.cancel else "-"),
+          str(h.counters.get("work_attempts", 0)), _relative(h.updated_at, now)]
+         for h in result.tasks]))
+    if result.next_after is not None:
+        click.echo(f"more: agentium-graph list --after {result.next_after}")
+
+
+# --- inspect ------------------------------------------------------------------------------
+
+@cli.command("inspect")
+@click.argument("key")
+@json_option
+@click.pass_obj
+def inspect_command(config: CliConfig, key: str, as_json: bool) -> None:
+    """Show a task's status, lease, counters and every node; verifies digests, never writes."""
+
+    async def fetch(store: DurableTaskStore) -> TaskView:
+        snapshot = await store.get_task(key)
+        if snapshot is None:
+            raise TaskNotFoundError(key)
+        return await build_view(store, snapshot, await store.get_identity(key))
+
+    view = run_with_store(config, fetch)
+    if as_json:
+        _emit_json(view)
+    else:
+        _render_view(_console(), view)
+
+
+def _render_view(console: Console, view: TaskView) -> None:
+    now = datetime.now(UTC)
+    summary = Table(title=Text(f"task {view.key}"), title_justify="left", show_header=False,
+                    box=None, padding=(0, 2, 0, 0))
+    summary.add_column("field", style="bold", no_wrap=True)
+    summary.add_column("value")
+    program = view.program
+    rows: list[tuple[str, Text]] = [
+        ("status", _status(view.status)),
+        ("program", Text(f"{program.get('id', '?')}@{program.get('version', '?')}")),
+        ("revision", Text(str(view.revision))),
+        ("fence", Text(str(view.fence))),
+        ("lease", _lease(view.lease, now)),
+        ("deadline", _deadline(view.deadline, now)),
+        ("cancel", Text(f"requested {_when(view.cancel.requested_at)}: {view.cancel.reason}"
+                        if view.cancel else "-")),
+        ("error", _error(view.error)),
+        ("actions", Text(f"{len(view.actions)} total, {len(view.pending_actions)} pending, "
+                         f"{len(view.uncertain_actions)} uncertain")),
+        ("journal", Text(f"{view.journal_length} event(s)")),
+        ("created", Text(_when(view.created_at))),
+        ("updated", Text(_when(view.updated_at))),
+        ("verified", Text("yes", style="green") if view.verified
+         else Text(f"NO: {len(view.problems)} problem(s)", style="bold red")),
+    ]
+    for name, value in rows:
+        summary.add_row(name, value)
+    console.print(summary)
+    for problem in view.problems:
+        console.print(Text(f"  problem: {problem}", style="red"))
+    console.print(_counters_table(view.counters, view.limits))
+    console.print(_nodes_table(view.nodes.values()))
+    if view.actions:
+        console.print(_actions_table(view))
+
+
+def _counters_table(counters: dict[str, int], limits: dict[str, int | None]) -> Table:
+    names = [c for c in COUNTERS if c in counters or c in limits]
+    names += sorted((set(counters) | set(limits)) - set(names))
+    rows: list[list[Text | str]] = []
+    for name in names:
+        used, limit = counters.get(name, 0), limits.get(name)
+        over = limit is not None and used > limit
+        rows.append([name, Text(str(used), style="bold red" if over else ""),
+                     "-" if limit is None else str(limit)])
+    return _table("counters (used / limit)",
+                  [("counter", "fixed"), ("used", "num"), ("limit", "num")], rows)
+
+
+def _nodes_table(nodes: Iterable[NodeView]) -> Table:
+    return _table(
+        "nodes",
+        [("node", "id"), ("state", "fixed"), ("binding", "id"), ("attempts", "fixed"),
+         ("output", "fixed"), ("error", "text")],
+        [[Text(node.node_id), _state(node.state), Text(f"{node.binding}@{node.version}"),
+          _attempts(node.attempts), Text(_short(node.output_digest)), _error(node.error)]
+         for node in nodes])
+
+
+def _actions_table(view: TaskView) -> Table:
+    return _table(
+        "actions",
+        [("action", "fixed"), ("node", "id"), ("state", "fixed"), ("fence", "num"),
+         ("outcome", "text")],
+        [[Text(_short(a.action_id)), Text(a.node_id), _state(a.state), str(a.fence),
+          Text(a.outcome_source or _short(a.outcome_digest))] for a in view.actions])
+
+
+# --- cancel -------------------------------------------------------------------------------
+
+@cli.command("cancel")
+@click.argument("key")
+@click.option("--reason", required=True, help="Why; recorded with the request.")
+@json_option
+@click.pass_obj
+def cancel_command(config: CliConfig, key: str, reason: str, as_json: bool) -> None:
+    """Record a cancel request; the worker holding the lease observes it and stops.
+
+    The CLI never runs the task: with no live lease, the next run(key) applies the cancel.
+    """
+    if not reason.strip():
+        raise click.BadParameter("must not be empty", param_hint="'--reason'")
+
+    async def request(store: DurableTaskStore) -> CancelOutcome:
+        before = await _header(store, key)
+        now = datetime.now(UTC)
+        after = await store.request_cancel(CancelTaskRequest(key=key, reason=reason, now=now))
+        live = after.lease is not None and after.lease.expires_at > now
+        return CancelOutcome(
+            key=key, recorded=before.cancel is None and after.cancel is not None,
+            observed_by=after.lease.owner if live and after.lease else None, header=after)
+
+    outcome = run_with_store(config, request)
+    if as_json:
+        _emit_json(outcome)
+    else:
+        click.echo(_cancel_message(outcome))
+
+
+def _cancel_message(outcome: CancelOutcome) -> str:
+    header, key = outcome.header, repr(outcome.key)
+    if header.status in ("completed", "failed", "canceled") and not outcome.recorded:
+        return f"task {key} is already {header.status}; nothing to cancel"
+    if not outcome.recorded and header.cancel is not None:
+        return (f"a cancel of task {key} was already requested at "
+                f"{_when(header.cancel.requested_at)} (reason: {header.cancel.reason!r}); "
+                "the first request stands")
+    if outcome.observed_by is not None and header.lease is not None:
+        return (f"cancel of task {key} recorded; worker {outcome.observed_by!r} holds the lease "
+                f"(fence {header.lease.fence}) and stops the task when it next renews its "
+                "lease")
+    return (f"cancel of task {key} recorded; no worker holds its lease now, so the next "
+            "run of the task cancels it")
+
+
+# --- timeline -----------------------------------------------------------------------------
+
+@cli.command("timeline")
+@click.argument("key")
+@click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True,
+              help="Events per page.")
+@click.option("--cursor", default=None, metavar="CURSOR",
+              help="Continue after a page: its next_cursor.")
+@click.option("--all", "all_pages", is_flag=True, help="Follow cursors to the end.")
+@json_option
+@click.pass_obj
+def timeline_command(config: CliConfig, key: str, limit: int, cursor: str | None,
+                     all_pages: bool, as_json: bool) -> None:
+    """Page through a task's journal in its stable order."""
+
+    async def fetch(store: DurableTaskStore) -> TimelinePage:
+        reader = _reader(store)
+        page = await reader.timeline(key, cursor=cursor, limit=limit)
+        events = list(page.events)
+        while all_pages and page.next_cursor is not None:
+            page = await reader.timeline(key, cursor=page.next_cursor, limit=limit)
+            events.extend(page.events)
+        return page.model_copy(update={"events": tuple(events)}) if all_pages else page
+
+    page = run_with_store(config, fetch)
+    if as_json:
+        _emit_json(page)
+    else:
+        _render_timeline(_console(), page)
+
+
+def _render_timeline(console: Console, page: TimelinePage) -> None:
+    console.print(_table(
+        f"timeline of {page.key}: {len(page.events)} of {page.total} event(s)",
+        [("seq", "num"), ("at", "text"), ("kind", "fixed"), ("node", "id"), ("fence", "num"),
+         ("data", "text")],
+        [[str(e.seq), _when(e.at, precise=True), Text(e.kind), Text(e.node_id or "-"),
+          "-" if e.fence is None else str(e.fence), Text(_compact(e.data))]
+         for e in page.events]))
+    if page.next_cursor is not None:
+        click.echo(f"more: agentium-graph timeline {page.key} --cursor {page.next_cursor}")
+
+
+# --- cell helpers -------------------------------------------------------------------------
+
+_STATE_STYLES = {"completed": "green", "confirmed": "green", "running": "cyan",
+                 "claimed": "cyan", "prepared": "cyan", "dispatching": "cyan",
+                 "failed": "red", "rejected": "red", "uncertain": "bold magenta",
+                 "recovery_required": "bold magenta", "canceled": "yellow",
+                 "tombstoned": "dim"}
+
+
+def _status(status: str) -> Text:
+    return Text(status, style=_STATE_STYLES.get(status, ""))
+
+
+_state = _status
+
+
+def _table(title: str, columns: list[tuple[str, str]], rows: list[list[Text | str]]) -> Table:
+    """A table whose columns are ``fixed`` (never wrap), ``num``, ``id`` or ``text``.
+
+    On a narrow terminal rich folds ``id`` and ``text`` columns rather than crop a cell.
+    """
+    table = Table(title=Text(title), title_justify="left", box=box.SIMPLE_HEAD)
+    for name, kind in columns:
+        table.add_column(name, justify="right" if kind == "num" else "left",
+                         no_wrap=kind in ("fixed", "num"), overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _compact(data: dict[str, Any]) -> str:
+    """``key=value`` pairs with digests and ids shortened, for humans (--json has all)."""
+    parts = []
+    for name in sorted(data):
+        value = data[name]
+        if isinstance(value, str):
+            shown = _short(value)
+        else:
+            shown = json.dumps(value, sort_keys=True, ensure_ascii=False,
+                               separators=(",", ":"))
+        parts.append(f"{name}={shown if len(shown) <= 80 else shown[:79] + '…'}")
+    return " ".join(parts)
+
+
+def _when(moment: datetime | None, *, precise: bool = False) -> str:
+    if moment is None:
+        return "-"
+    moment = moment.astimezone(UTC)
+    if precise:
+        return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+    return moment.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _relative(moment: datetime, now: datetime) -> str:
+    seconds = (moment - now).total_seconds()
+    span = abs(seconds)
+    text = (f"{span:.0f}s" if span < 120 else f"{span / 60:.0f}m" if span < 7200
+            else f"{span / 3600:.0f}h" if span < 172800 else f"{span / 86400:.0f}d")
+    return f"in {text}" if seconds >= 0 else f"{text} ago"
+
+
+def _lease(lease: LeaseRecord | None, now: datetime, *, short: bool = False) -> Text:
+    if lease is None:
+        return Text("-")
+    expired = lease.expires_at <= now
+    state = "expired" if expired else "held"
+    if short:
+        return Text(f"{lease.owner} ({state})", style="dim" if expired else "")
+    return Text(f"{lease.owner}, fence {lease.fence}, {state}: expires "
+                f"{_when(lease.expires_at)} ({_relative(lease.expires_at, now)})",
+                style="dim" if expired else "")
+
+
+def _deadline(deadline: datetime | None, now: datetime) -> Text:
+    if deadline is None:
+        return Text("-")
+    passed = deadline <= now
+    return Text(f"{_when(deadline)} ({_relative(deadline, now)})",
+                style="red" if passed else "")
+
+
+def _attempts(attempts: tuple[AttemptRecord, ...]) -> Text:
+    if not attempts:
+        return Text("-")
+    return Text("\n".join(f"#{a.number} fence {a.fence} {a.outcome or 'in progress'}"
+                          for a in attempts))
+
+
+def _error(error: ErrorInfo | None) -> Text:
+    if error is None:
+        return Text("-")
+    return Text(f"{error.code}: {error.message}", style="red")
+
+
+def _short(value: str | None) -> str:
+    """A digest or id (``sha256:<hex>``, ``att_<hex>``) cut to 12 hex digits; else as is."""
+    if not value:
+        return "-"
+    match = _HEX_ID.match(value)
+    return f"{match[1]}{match[2][:_DIGEST_CHARS]}…" if match else value
