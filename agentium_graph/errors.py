@@ -13,6 +13,7 @@ stable ``code`` string and structured fields, and says what to do next::
     ├── LeaseHeldError                another worker holds the task's lease
     ├── StaleFenceError               a write under a fence that is no longer current
     ├── InvalidTransitionError        a state transition the state machine does not allow
+    │   └── ResolutionConflictError   a second, different resolution of the same action
     ├── BudgetExhaustedError          a root limit or budget would be exceeded
     ├── TaskCanceledError             the task was canceled
     ├── DeadlineExceededError         the task's absolute deadline passed
@@ -54,6 +55,7 @@ __all__ = [
     "NodeInputError",
     "NodeOutputError",
     "PlanValidationError",
+    "ResolutionConflictError",
     "StaleFenceError",
     "StoreError",
     "StoreNotDurableError",
@@ -203,6 +205,10 @@ class StaleFenceError(AgentiumGraphError):
 
 class InvalidTransitionError(AgentiumGraphError):
     code = "invalid_transition"
+
+
+class ResolutionConflictError(InvalidTransitionError):
+    code = "resolution_conflict"
 
 
 class BudgetExhaustedError(AgentiumGraphError):

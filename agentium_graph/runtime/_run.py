@@ -19,16 +19,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from jsonschema.exceptions import ValidationError as SchemaValidationError
-
 from agentium_graph._canonical import (
-    NotJSONError,
     admission_id,
     attempt_id,
-    canonical_json,
-    check_json,
     digest,
-    digest_text,
 )
 from agentium_graph._otel import span
 from agentium_graph.catalog._bindings import ToolBinding
@@ -37,6 +31,7 @@ from agentium_graph.errors import (
     BudgetExhaustedError,
     ConfigurationError,
     DeadlineExceededError,
+    DurableRecoveryRequiredError,
     ErrorInfo,
     NodeFailedError,
     NodeInputError,
@@ -46,14 +41,18 @@ from agentium_graph.errors import (
     TaskCanceledError,
 )
 from agentium_graph.plan._validate import CompiledNode, CompiledPlan, resolve_args
+from agentium_graph.runtime import _effects as effects
 from agentium_graph.runtime._admission import AdmissionController, Ticket
 from agentium_graph.runtime._context import ToolContext, reset_context, set_context
+from agentium_graph.runtime._outcome import Outcome, check_output, schema_error
 from agentium_graph.runtime._states import RESTARTABLE
 from agentium_graph.runtime._views import TaskResult
 from agentium_graph.store._protocol import DurableTaskStore
-from agentium_graph.store._records import NodeRecord, TaskHeader
+from agentium_graph.store._records import ActionRecord, NodeRecord, TaskHeader, TaskIdentity
 from agentium_graph.store._requests import (
+    Charge,
     CommitRequest,
+    RecordAction,
     RenewLeaseRequest,
     SetStatus,
     SettleNode,
@@ -67,16 +66,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agentium_graph.runtime")
 
-StopReason = Literal["canceled", "deadline", "failed", "budget"]
-
-
-@dataclass(slots=True)
-class _Outcome:
-    state: Literal["completed", "failed", "canceled"]
-    output: Any = None
-    text: str | None = None
-    digest: str | None = None
-    error: ErrorInfo | None = None
+StopReason = Literal["canceled", "deadline", "failed", "budget", "recovery"]
 
 
 @dataclass(slots=True)
@@ -84,7 +74,7 @@ class _Running:
     node_id: str
     ticket: Ticket
     ctx: ToolContext
-    task: asyncio.Task[_Outcome] | None = None
+    task: asyncio.Task[Outcome] | None = None
 
 
 @dataclass(slots=True)
@@ -108,7 +98,16 @@ class RunState:
 
     header: TaskHeader
     nodes: dict[str, NodeRecord]
+    actions: dict[str, ActionRecord]
+    identity: TaskIdentity
     outputs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Submission:
+    steps: list[Step]
+    blobs: dict[str, str]
+    future: asyncio.Future[None]
 
 
 class TaskRun:
@@ -122,7 +121,13 @@ class TaskRun:
         self.fence = fence
         self.header = state.header
         self.nodes = state.nodes
+        self.actions = state.actions
         self.outputs = state.outputs
+        self.policy_revision = state.identity.policy_revision
+        self.grants = state.identity.grants
+        self.catalog_digest = state.identity.catalog_digest
+        self.caller = {"task": key}
+        self.submissions: list[_Submission] = []
         self.plan = plan
         limits = state.header.limits
         capacity = runtime.limits_for(state.header).max_concurrent_work
@@ -130,7 +135,7 @@ class TaskRun:
         self.concurrency = plan.max_concurrency
         self.running: dict[str, _Running] = {}
         self.ready: dict[str, _Ready] = {}
-        self.finished: list[tuple[str, _Outcome]] = []
+        self.finished: list[tuple[str, Outcome]] = []
         self.done: set[str] = {n for n, r in self.nodes.items() if r.state == "completed"}
         # Nodes whose terminal state is decided (possibly not yet committed this turn).
         self.closed: set[str] = {n for n, r in self.nodes.items() if r.state in TERMINAL_NODE}
@@ -138,6 +143,7 @@ class TaskRun:
         self.stop: _Stop | None = None
         self.lost: BaseException | None = None
         self.cancel_reason: str | None = None
+        self.uncertain: list[str] = []
         self._limits = limits
 
     # --- public entry ---------------------------------------------------------------
@@ -170,19 +176,60 @@ class TaskRun:
             steps: list[Step] = []
             blobs: dict[str, str] = {}
             self._settle_finished(steps, blobs)
+            pending: dict[str, int] = {}
+            accepted = self._drain_submissions(steps, blobs, pending)
             launch: list[_Ready] = []
             if self.stop is None:
                 self._request_ready(steps)
-                launch = self._start_granted(steps)
+                launch = self._start_granted(steps, pending)
             final = self._final_steps(launch)
             steps.extend(final)
             if steps:
-                await self._commit(steps, blobs)
+                try:
+                    await self._commit(steps, blobs)
+                except BaseException as exc:
+                    for sub in accepted:
+                        if not sub.future.done():
+                            sub.future.set_exception(exc)
+                    raise
+                for sub in accepted:
+                    if not sub.future.done():
+                        sub.future.set_result(None)
             if final:
                 return self._finish()
             for item in launch:
                 self._launch(item)
             await self._wait()
+
+    async def submit(self, steps: list[Step], blobs: dict[str, str] | None = None) -> None:
+        """Commit ``steps`` from inside a running node, in the loop's next group commit."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.submissions.append(_Submission(steps, blobs or {}, future))
+        self.wake.set()
+        await future
+
+    def _drain_submissions(self, steps: list[Step], blobs: dict[str, str],
+                           pending: dict[str, int]) -> list[_Submission]:
+        accepted: list[_Submission] = []
+        queued, self.submissions = self.submissions, []
+        for sub in queued:
+            charges: dict[str, int] = {}
+            for step in sub.steps:
+                if isinstance(step, Charge):
+                    for name, amount in step.charges.items():
+                        charges[name] = charges.get(name, 0) + amount
+            exhausted = self._exceeds(charges, pending)
+            if exhausted is not None:
+                counter, used, limit = exhausted
+                sub.future.set_exception(BudgetExhaustedError(
+                    self.key, counter, used, charges[counter], limit))
+                continue
+            for name, amount in charges.items():
+                pending[name] = pending.get(name, 0) + amount
+            steps.extend(sub.steps)
+            blobs.update(sub.blobs)
+            accepted.append(sub)
+        return accepted
 
     def _observe_stop(self) -> None:
         if self.stop is not None:
@@ -213,6 +260,8 @@ class TaskRun:
                     running.task.cancel()
 
     def _cancellable(self, node_id: str) -> bool:
+        # Effects are never preempted: a connector honors cancellation itself, and the
+        # receipt of accepted remote work must still be recorded.
         binding = self.plan.nodes[node_id].binding if node_id in self.plan.nodes else None
         return isinstance(binding, ToolBinding) and binding.execute is not None and \
             inspect.iscoroutinefunction(binding.execute)
@@ -223,6 +272,12 @@ class TaskRun:
             rec = self.nodes[node_id]
             if rec.state == "failed" and self.stop is None:
                 self._begin_stop(self._failure_stop(node_id, rec.error))
+
+    def _recovery_stop(self) -> _Stop:
+        ids = sorted(self.uncertain)
+        error = DurableRecoveryRequiredError(self.key, ids)
+        return _Stop("recovery", error, ErrorInfo(code=error.code, message=str(error),
+                                                  details={"action_ids": ids}))
 
     def _failure_stop(self, node_id: str, info: ErrorInfo | None) -> _Stop:
         info = info or ErrorInfo(code="node_failed", message="node failed", node_id=node_id)
@@ -238,7 +293,23 @@ class TaskRun:
         for node_id, outcome in finished:
             running = self.running.pop(node_id)
             self.admission.release(running.ticket)
+            if outcome.action is not None:
+                steps.append(RecordAction(action=outcome.action))
+                if outcome.action.outcome_digest and outcome.text is not None:
+                    blobs[outcome.action.outcome_digest] = outcome.text
+            if outcome.state == "budget":
+                # The node stays running (interrupted); a later run reconciles it again.
+                if self.stop is None and isinstance(outcome.exception, AgentiumGraphError):
+                    self._begin_stop(_Stop("budget", outcome.exception))
+                continue
             self.closed.add(node_id)
+            if outcome.state == "uncertain":
+                steps.append(SettleNode(node_id=node_id, state="uncertain",
+                                        error=outcome.error))
+                self.uncertain.append(outcome.action.action_id if outcome.action else node_id)
+                if self.stop is None or self.stop.reason != "recovery":
+                    self._begin_stop(self._recovery_stop())
+                continue
             if outcome.state == "completed":
                 assert outcome.text is not None and outcome.digest is not None
                 blobs[outcome.digest] = outcome.text
@@ -286,12 +357,11 @@ class TaskRun:
             errors = sorted(node.binding.input_validator.iter_errors(args),
                             key=lambda e: list(e.absolute_path))
             if errors:
-                raise _schema_error(NodeInputError, node.id, "resolved args", errors[0])
+                raise schema_error(NodeInputError, node.id, "resolved args", errors[0])
         return args
 
-    def _start_granted(self, steps: list[Step]) -> list[_Ready]:
+    def _start_granted(self, steps: list[Step], pending: dict[str, int]) -> list[_Ready]:
         launch: list[_Ready] = []
-        pending: dict[str, int] = {}
         active_here = len(self.running)
         for node_id in list(self.ready):
             item = self.ready[node_id]
@@ -301,24 +371,35 @@ class TaskRun:
                 break
             node = self.plan.nodes[node_id]
             rec = self.nodes[node_id]
-            number = len(rec.attempts) + 1
-            att = attempt_id(rec.incarnation_id, number)
-            adm = admission_id(att, "work")
-            charges = {"work_attempts": 1, "tool_calls": 1}
+            att = attempt_id(rec.incarnation_id, len(rec.attempts) + 1)
+            if _is_effect(node):
+                start, charges, intent = effects.start_steps(
+                    self, node, rec, att, item.args, item.input_digest)
+                adm = intent.admission_id if intent else None
+            else:
+                adm = admission_id(att, "work")
+                charges = {"work_attempts": 1, "tool_calls": 1}
+                start = [StartAttempt(node_id=node_id, attempt_id=att,
+                                      input_digest=item.input_digest, admission_id=adm,
+                                      charges=charges, requires_completed=node.deps)]
+                intent = None
             exhausted = self._exceeds(charges, pending)
             if exhausted is not None:
                 counter, used, limit = exhausted
                 self.admission.emit("exhausted", node_id, admission_id=adm, counter=counter)
                 del self.ready[node_id]
                 self.admission.release(item.ticket)
+                if intent is not None and intent.action_id not in self.actions:
+                    # Local admission rejection: journaled as known not dispatched.
+                    steps.append(RecordAction(action=intent))
+                    steps.append(RecordAction(action=intent.model_copy(update={
+                        "state": "rejected", "reason": f"{counter} budget exhausted"})))
                 self._begin_stop(_Stop("budget", BudgetExhaustedError(
                     self.key, counter, used, charges[counter], limit, node_id=node_id)))
                 break
             for name, amount in charges.items():
                 pending[name] = pending.get(name, 0) + amount
-            steps.append(StartAttempt(node_id=node_id, attempt_id=att,
-                                      input_digest=item.input_digest, admission_id=adm,
-                                      charges=charges, requires_completed=node.deps))
+            steps.extend(start)
             del self.ready[node_id]
             launch.append(item)
         return launch
@@ -343,23 +424,24 @@ class TaskRun:
                           version=node.binding.version)
         running = _Running(node.id, item.ticket, ctx)
         self.running[node.id] = running
-        running.task = asyncio.create_task(self._invoke(node, item.args, ctx),
-                                           name=f"node:{self.key}:{node.id}")
+        body = effects.execute_effect(self, node, item.args) if _is_effect(node) \
+            else self._invoke(node, item.args, ctx)
+        running.task = asyncio.create_task(body, name=f"node:{self.key}:{node.id}")
         running.task.add_done_callback(functools.partial(self._on_done, node.id))
 
-    def _on_done(self, node_id: str, task: asyncio.Task[_Outcome]) -> None:
+    def _on_done(self, node_id: str, task: asyncio.Task[Outcome]) -> None:
         if task.cancelled():
-            outcome = _Outcome("canceled")
+            outcome = Outcome("canceled")
         else:
             exc = task.exception()
-            outcome = _Outcome("failed", error=ErrorInfo.from_exception(exc, node_id=node_id)) \
+            outcome = Outcome("failed", error=ErrorInfo.from_exception(exc, node_id=node_id)) \
                 if exc is not None else task.result()
         if node_id in self.running:
             self.finished.append((node_id, outcome))
         self.wake.set()
 
     async def _invoke(self, node: CompiledNode, args: dict[str, Any],
-                      ctx: ToolContext) -> _Outcome:
+                      ctx: ToolContext) -> Outcome:
         binding = node.binding
         if not isinstance(binding, ToolBinding) or binding.execute is None:
             raise ConfigurationError(
@@ -383,10 +465,10 @@ class TaskRun:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                return _Outcome("failed", error=ErrorInfo.from_exception(exc, node_id=node.id))
+                return Outcome("failed", error=ErrorInfo.from_exception(exc, node_id=node.id))
             finally:
                 reset_context(token)
-        return _check_output(node, result)
+        return check_output(node.id, binding, result)
 
     # --- commit, finish, wait -------------------------------------------------------
     async def _commit(self, steps: list[Step], blobs: dict[str, str]) -> None:
@@ -399,6 +481,7 @@ class TaskRun:
             raise
         self.header = result.header
         self.nodes.update(result.nodes)
+        self.actions.update(result.actions)
 
     def _final_steps(self, launch: list[_Ready]) -> list[Step]:
         if self.running or launch or (self.ready and self.stop is None):
@@ -411,10 +494,15 @@ class TaskRun:
         # Stopping and nothing is running: close every open node, then the task.
         steps: list[Step] = []
         for node_id in self.plan.order:
-            if node_id not in self.closed and stop.reason != "budget":
+            if node_id not in self.closed and stop.reason not in ("budget", "recovery"):
                 steps.append(SettleNode(node_id=node_id, state="canceled",
                                         error=stop.error.to_info()))
-        if stop.reason == "canceled":
+        if stop.reason == "recovery":
+            stop = self._recovery_stop()  # name every uncertain action, not just the first
+            self.stop = stop
+            steps.append(SetStatus(status="recovery_required", error=stop.info,
+                                   release_lease=True))
+        elif stop.reason == "canceled":
             steps.append(SetStatus(status="canceled", error=stop.error.to_info(),
                                    release_lease=True))
         elif stop.reason == "budget":
@@ -435,7 +523,7 @@ class TaskRun:
         return {n: self.outputs[n] for n in self.plan.order if n in self.outputs}
 
     async def _wait(self) -> None:
-        if self.finished or self.lost is not None:
+        if self.finished or self.submissions or self.lost is not None:
             return
         if any(item.ticket.granted for item in self.ready.values()) and \
                 len(self.running) < self.concurrency:
@@ -484,29 +572,5 @@ class TaskRun:
         self.running.clear()
 
 
-def _schema_error(cls: type[NodeFailedError], node_id: str, what: str,
-                  err: SchemaValidationError) -> NodeFailedError:
-    where = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}"
-                          for p in err.absolute_path)
-    schema_path = "/".join(str(p) for p in err.absolute_schema_path)
-    return cls(f"node {node_id!r}: the value at {where} of its {what} violates the schema "
-               f"(#/{schema_path}): {err.message}", node_id=node_id,
-               details={"path": where, "schema_path": "#/" + schema_path})
-
-
-def _check_output(node: CompiledNode, result: Any) -> _Outcome:
-    try:
-        check_json(result)
-    except NotJSONError as exc:
-        error = NodeOutputError(
-            f"node {node.id!r}: output is not JSON at {exc.path}: {exc.reason}; return "
-            "dicts, lists, strings, numbers, booleans or None", node_id=node.id,
-            details={"path": exc.path})
-        return _Outcome("failed", error=error.to_info())
-    errors = sorted(node.binding.output_validator.iter_errors(result),
-                    key=lambda e: list(e.absolute_path))
-    if errors:
-        return _Outcome("failed", error=_schema_error(NodeOutputError, node.id, "output",
-                                                      errors[0]).to_info())
-    text = canonical_json(result)
-    return _Outcome("completed", output=result, text=text, digest=digest_text(text))
+def _is_effect(node: CompiledNode) -> bool:
+    return isinstance(node.binding, ToolBinding) and node.binding.connector is not None

@@ -26,6 +26,7 @@ from agentium_graph._canonical import (
 from agentium_graph._program import ExecutionGraphProgram, PlanLimits
 from agentium_graph.catalog._bindings import AgentBinding, Binding, GraphBinding, RepeatBinding
 from agentium_graph.catalog._catalog import HostCatalog
+from agentium_graph.connectors import Absent, ActionOutcome
 from agentium_graph.errors import (
     ConfigurationError,
     DataIntegrityError,
@@ -49,6 +50,7 @@ from agentium_graph.errors import (
 from agentium_graph.plan._validate import CompiledPlan, validate_plan
 from agentium_graph.runtime._config import Budgets, RootLimits, counter_limits
 from agentium_graph.runtime._context import current_context
+from agentium_graph.runtime._resolve import resolve_action
 from agentium_graph.runtime._run import RunState, TaskRun
 from agentium_graph.runtime._views import (
     AdmissionEvent,
@@ -109,7 +111,8 @@ class ExecutionGraphRuntime:
                  on_admission: Callable[[AdmissionEvent], None] | None = None,
                  lease_ttl: float = 15.0, poll_interval: float = 1.0,
                  clock: Callable[[], datetime] | None = None,
-                 policy_revision: str = "1") -> None:
+                 policy_revision: str = "1", effect_timeout: float = 30.0,
+                 lookup_timeout: float = 10.0, lookup_attempts: int = 3) -> None:
         if not isinstance(catalog, HostCatalog):
             raise ConfigurationError("catalog must be a HostCatalog")
         self.catalog = catalog
@@ -128,6 +131,12 @@ class ExecutionGraphRuntime:
         self.poll_interval = poll_interval
         self.clock: Callable[[], datetime] = clock or _utcnow
         self.policy_revision = policy_revision
+        if effect_timeout <= 0 or lookup_timeout <= 0 or not 1 <= lookup_attempts <= 10:
+            raise ConfigurationError("effect_timeout and lookup_timeout must be positive and "
+                                     "lookup_attempts between 1 and 10")
+        self.effect_timeout = effect_timeout
+        self.lookup_timeout = lookup_timeout
+        self.lookup_attempts = lookup_attempts
         self._active: dict[str, TaskRun] = {}
         self._root_limits: dict[str, RootLimits] = {}
 
@@ -223,6 +232,7 @@ class ExecutionGraphRuntime:
             snapshot = await self.store.get_task(key)
             assert snapshot is not None
             state = RunState(header=snapshot.header, nodes=dict(snapshot.nodes),
+                             actions=dict(snapshot.actions), identity=identity,
                              outputs=await self._load_outputs(snapshot))
             run = TaskRun(self, key, worker_id, grant, state, plan)
             if snapshot.header.cancel is not None:
@@ -294,6 +304,20 @@ class ExecutionGraphRuntime:
                 pass
             except (LeaseHeldError, DescriptorMismatchError) as exc:
                 log.info("task %s: cancel recorded; a worker will apply it (%s)", key, exc)
+        return await self.inspect(key)
+
+    async def resolve_action(self, key: str, action_id: str,
+                             outcome: ActionOutcome | Absent, *, actor: str) -> TaskView:
+        """Record a host-attested resolution of an uncertain action, so ``run`` can go on.
+
+        ``ActionOutcome``: the effect happened with this output (the node completes with it,
+        nothing is dispatched). ``Absent()``: the effect never happened (the node returns to
+        pending and the next ``run`` dispatches it again under the same action id). The
+        resolution is journaled with ``actor``; a conflicting second resolution is rejected.
+        """
+        _check_key(key)
+        await resolve_action(self.store, key, action_id, outcome, actor=actor,
+                             clock=self.clock, lease_ttl=self.lease_ttl)
         return await self.inspect(key)
 
     async def admission_snapshot(self, key: str) -> AdmissionSnapshot:
@@ -481,7 +505,8 @@ def _raise_terminal(header: TaskHeader) -> None:
         raise TaskCanceledError(info.message if info else f"task {header.key!r} was canceled")
     if header.status == "recovery_required":
         ids = info.details.get("action_ids", []) if info else []
-        raise DurableRecoveryRequiredError(header.key, [str(i) for i in ids])
+        raise DurableRecoveryRequiredError(header.key, [str(i) for i in ids],
+                                           reason="resolve them before running again")
     if header.status == "failed":
         raise error_from_info(header.key, info)
 

@@ -81,8 +81,11 @@ class ActionRecord(_Record):
     request_digest: str
     result_ref: str
     fence: int
+    dispatches: int = 0
     outcome_digest: str | None = None
     outcome_source: str | None = None
+    result_ref_returned: str | None = None
+    reason: str | None = None
     resolution: dict[str, Any] | None = None
     updated_at: datetime | None = None
 

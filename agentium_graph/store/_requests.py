@@ -90,6 +90,14 @@ class SettleNode(_Req):
     error: ErrorInfo | None = None
 
 
+class ReopenNode(_Req):
+    """Return an uncertain node to pending after an operator attested its effect is absent."""
+
+    type: Literal["reopen_node"] = "reopen_node"
+    node_id: str
+    reason: str
+
+
 class Charge(_Req):
     """Charge counters once per admission id; a repeat of the same id charges nothing."""
 
@@ -122,7 +130,7 @@ class AppendJournal(_Req):
 
 Step = Annotated[
     AddNodes | CommitRevision | ClaimNode | PrepareNode | StartAttempt | SettleNode | Charge
-    | RecordAction | SetStatus | AppendJournal,
+    | RecordAction | SetStatus | AppendJournal | ReopenNode,
     Field(discriminator="type"),
 ]
 
@@ -216,6 +224,7 @@ __all__ = [
     "AcquireLeaseRequest", "AddNodes", "AppendJournal", "CancelTaskRequest", "Charge",
     "ClaimNode", "CommitRequest", "CommitResult", "CommitRevision", "CreateTaskRequest",
     "CreateTaskResult", "LeaseGrant", "LeaseStatus", "ListTasksRequest", "PrepareNode",
-    "RecordAction", "ReleaseLeaseRequest", "RenewLeaseRequest", "SetStatus", "SettleNode",
+    "RecordAction", "ReleaseLeaseRequest", "RenewLeaseRequest", "ReopenNode", "SetStatus",
+    "SettleNode",
     "StartAttempt", "Step", "StoreCapabilities", "TimelineRequest",
 ]

@@ -45,6 +45,7 @@ from agentium_graph.store._requests import (
     RecordAction,
     ReleaseLeaseRequest,
     RenewLeaseRequest,
+    ReopenNode,
     SetStatus,
     SettleNode,
     StartAttempt,
@@ -52,7 +53,8 @@ from agentium_graph.store._requests import (
 )
 
 # Allowed node transitions. ``running -> running`` is a new attempt under a newer fence
-# (recovery of interrupted work); ``uncertain`` leaves only by host-attested resolution.
+# (recovery of interrupted work); ``uncertain`` leaves only by host-attested resolution
+# (``uncertain -> pending`` when an operator attests the effect never happened).
 NODE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
     "pending": frozenset({"claimed", "prepared", "running", "failed", "canceled",
                           "tombstoned", "completed"}),
@@ -61,7 +63,7 @@ NODE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
     "prepared": frozenset({"prepared", "running", "failed", "canceled", "completed",
                            "uncertain"}),
     "running": frozenset({"running", "completed", "failed", "canceled", "uncertain"}),
-    "uncertain": frozenset({"running", "completed", "failed", "canceled"}),
+    "uncertain": frozenset({"running", "completed", "failed", "canceled", "pending"}),
     "completed": frozenset(),
     "failed": frozenset(),
     "canceled": frozenset(),
@@ -72,8 +74,8 @@ TERMINAL_NODE: frozenset[str] = frozenset({"completed", "failed", "canceled", "t
 # Allowed action (ledger) transitions.
 ACTION_TRANSITIONS: dict[str, frozenset[str]] = {
     "intent": frozenset({"dispatching", "rejected", "confirmed", "uncertain"}),
-    "dispatching": frozenset({"dispatching", "confirmed", "uncertain"}),
-    "uncertain": frozenset({"dispatching", "confirmed", "rejected"}),
+    "dispatching": frozenset({"dispatching", "confirmed", "uncertain", "rejected"}),
+    "uncertain": frozenset({"intent", "dispatching", "confirmed", "rejected"}),
     "confirmed": frozenset(),
     "rejected": frozenset(),
 }
@@ -114,7 +116,7 @@ def needs(steps: Iterable[Step]) -> Needs:
             nodes.update(step.requires_completed)
             if isinstance(step, StartAttempt) and step.admission_id:
                 admissions.add(step.admission_id)
-        elif isinstance(step, PrepareNode | SettleNode):
+        elif isinstance(step, PrepareNode | SettleNode | ReopenNode):
             nodes.add(step.node_id)
         elif isinstance(step, AddNodes):
             nodes.update(n.node_id for n in step.nodes)
@@ -123,6 +125,7 @@ def needs(steps: Iterable[Step]) -> Needs:
             nodes.update(n.node_id for n in step.add)
             nodes.update(step.tombstone)
             admissions.add(step.admission_id)
+            admissions.add(step.admission_id + ":rev")
         elif isinstance(step, Charge):
             admissions.add(step.admission_id)
         elif isinstance(step, RecordAction):
@@ -303,6 +306,15 @@ class _Apply:
             self.log("node_prepared", rec.node_id, input_digest=step.input_digest)
         elif isinstance(step, Charge):
             self.charge(step.admission_id, step.charges, step.node_id)
+        elif isinstance(step, ReopenNode):
+            rec = self.node(step.node_id)
+            if rec.state != "uncertain":
+                raise InvalidTransitionError(
+                    f"node {rec.node_id!r} is {rec.state}; only an uncertain node can be "
+                    "reopened", node_id=rec.node_id)
+            self.put(rec.model_copy(update={"state": "pending", "updated_at": now,
+                                            "error": None}))
+            self.log("node_reopened", rec.node_id, reason=step.reason)
         elif isinstance(step, AddNodes):
             self.add_nodes(step.nodes, step.admission_id)
         elif isinstance(step, CommitRevision):
@@ -327,7 +339,11 @@ class _Apply:
 
     def commit_revision(self, step: CommitRevision) -> None:
         if step.revision == self.revision and step.base_revision == self.revision - 1:
-            return  # identical retransmission of the revision just committed
+            if self.is_retransmission(step):
+                return  # identical retransmission of the revision just committed
+            raise InvalidTransitionError(
+                f"revision {step.revision} is already committed with other content; a new "
+                f"proposal must build on revision {self.revision}")
         if step.base_revision != self.revision or step.revision != self.revision + 1:
             raise InvalidTransitionError(
                 f"revision {step.revision} must build on the current revision "
@@ -346,6 +362,21 @@ class _Apply:
         self.log("revision_committed", None, revision=step.revision,
                  plan_digest=step.plan_digest)
 
+    def is_retransmission(self, step: CommitRevision) -> bool:
+        """Whether ``step`` is the revision just committed: same admission, same delta."""
+        rev_admission = step.admission_id + ":rev"
+        if rev_admission not in self.charged and rev_admission not in self.new_charges:
+            return False
+        for rec in step.add:
+            existing = self.changed_nodes.get(rec.node_id) or self.nodes.get(rec.node_id)
+            if existing is None or existing.incarnation_id != rec.incarnation_id:
+                return False
+        for node_id in step.tombstone:
+            existing = self.changed_nodes.get(node_id) or self.nodes.get(node_id)
+            if existing is None or existing.state != "tombstoned":
+                return False
+        return True
+
     def record_action(self, action: ActionRecord) -> None:
         existing = self.changed_actions.get(action.action_id) or \
             self.actions.get(action.action_id)
@@ -354,8 +385,8 @@ class _Apply:
                 raise InvalidTransitionError(
                     f"action {action.action_id} must start as an intent", node_id=action.node_id)
         else:
-            if action.state == existing.state and action == existing:
-                return
+            if action.model_copy(update={"updated_at": existing.updated_at}) == existing:
+                return  # an identical retransmission (the store stamps updated_at)
             if action.state not in ACTION_TRANSITIONS[existing.state]:
                 raise InvalidTransitionError(
                     f"action {action.action_id} cannot go from {existing.state!r} to "

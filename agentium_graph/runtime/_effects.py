@@ -1,0 +1,221 @@
+"""Effects through connectors: the action ledger and reconciliation after a crash.
+
+Ledger of one action: ``intent`` (identity, origin evidence, admission id) and
+``dispatching`` are committed together with the node's attempt *before* the connector is
+called; the receipt (``confirmed``, outcome digest) is committed together with the node's
+completion. After a crash between dispatch and receipt the action is ``dispatching`` under
+an older fence, and the runtime asks ``resolve_result`` what happened before it would ever
+dispatch again:
+
+* an outcome                      -> record the receipt, complete, no dispatch, no charge;
+* ``Absent()``                    -> dispatch again under the same action id;
+* idempotent destination          -> dispatch again with the same action id;
+* ``Unknown``, exception, timeout -> never dispatch again: the node becomes ``uncertain``
+                                     and the task ``recovery_required``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from typing import TYPE_CHECKING, Any
+
+from agentium_graph._canonical import admission_id, derive_id, digest
+from agentium_graph._otel import span
+from agentium_graph.catalog._bindings import ToolBinding
+from agentium_graph.connectors import Absent, ActionOutcome, ActionRequest, Unknown
+from agentium_graph.errors import BudgetExhaustedError, ErrorInfo, NodeFailedError
+from agentium_graph.plan._validate import CompiledNode
+from agentium_graph.runtime._outcome import Outcome, check_output
+from agentium_graph.store._records import ActionRecord, NodeRecord
+from agentium_graph.store._requests import Charge, RecordAction, StartAttempt, Step
+
+if TYPE_CHECKING:
+    from agentium_graph.runtime._run import TaskRun
+
+log = logging.getLogger("agentium_graph.effects")
+
+DISPATCH_CHARGES = {"work_attempts": 1, "tool_calls": 1}
+
+
+def action_id_for(run: TaskRun, rec: NodeRecord, binding: ToolBinding, args: dict[str, Any],
+                  call_id: str = "node") -> str:
+    """Identity of an effect: incarnation, call, operation, actual args, destination,
+    policy revision + grants, caller."""
+    return derive_id("act", rec.incarnation_id, call_id, binding.id, binding.version,
+                     digest(args), binding.destination, run.policy_revision,
+                     list(run.grants) if run.grants is not None else None, run.caller)
+
+
+def dispatch_admission(action_id: str, number: int) -> str:
+    return admission_id(action_id, f"dispatch:{number}")
+
+
+def origin_of(binding: ToolBinding, catalog_digest: str) -> dict[str, Any]:
+    connector = binding.typed_connector
+    return {"kind": "tool", "binding": binding.id, "binding_version": binding.version,
+            "connector": str(connector.id), "connector_version": str(connector.version),
+            "destination": binding.destination, "catalog_digest": catalog_digest}
+
+
+def start_steps(run: TaskRun, node: CompiledNode, rec: NodeRecord, attempt: str,
+                args: dict[str, Any], input_digest: str
+                ) -> tuple[list[Step], dict[str, int], ActionRecord | None]:
+    """Steps that start an effect node's attempt, and the charges they carry.
+
+    Returns ``(steps, charges, intent)``; ``intent`` is the new ledger record (or None when
+    the action already exists and the node task must reconcile or reuse it).
+    """
+    binding = node.binding
+    assert isinstance(binding, ToolBinding)
+    act = action_id_for(run, rec, binding, args)
+    existing = run.actions.get(act)
+    start = StartAttempt(node_id=rec.node_id, attempt_id=attempt, input_digest=input_digest,
+                         requires_completed=node.deps)
+    if existing is not None and existing.state in ("dispatching", "confirmed"):
+        return [start], {}, None  # reconcile (or reuse the receipt) inside the node task
+    number = (existing.dispatches if existing else 0) + 1
+    adm = dispatch_admission(act, number)
+    steps: list[Step] = [start]
+    base = existing or ActionRecord(
+        action_id=act, node_id=rec.node_id, state="intent", admission_id=adm,
+        origin=origin_of(binding, run.catalog_digest),
+        request_digest=digest({"args": args, "destination": binding.destination}),
+        result_ref=act, fence=run.fence)
+    if existing is None:
+        steps.append(RecordAction(action=base))
+    steps.append(Charge(admission_id=adm, charges=DISPATCH_CHARGES, node_id=rec.node_id))
+    steps.append(RecordAction(action=base.model_copy(update={
+        "state": "dispatching", "dispatches": number, "admission_id": adm,
+        "fence": run.fence})))
+    return steps, DISPATCH_CHARGES, base
+
+
+async def execute_effect(run: TaskRun, node: CompiledNode, args: dict[str, Any]) -> Outcome:
+    """Dispatch (or reconcile) the node's action; never dispatch blindly twice."""
+    binding = node.binding
+    assert isinstance(binding, ToolBinding)
+    connector = binding.typed_connector
+    rec = run.nodes[node.id]
+    act = action_id_for(run, rec, binding, args)
+    action = run.actions[act]
+    request = ActionRequest(action_id=act, result_ref=action.result_ref, binding_id=binding.id,
+                            binding_version=binding.version, args=args,
+                            destination=str(binding.destination),
+                            caller={"task": run.key, "node": node.id})
+    if action.state == "confirmed":
+        return await _reuse_receipt(run, node, action)
+    if action.state == "dispatching" and action.fence < run.fence:
+        verdict = await reconcile(run, connector, action)
+        if isinstance(verdict, ActionOutcome):
+            return receipt(run, node, action, verdict, source="reconcile")
+        if not isinstance(verdict, Absent) and not connector.idempotent_destination:
+            return uncertain(run, action, verdict.reason)
+        why = "absent" if isinstance(verdict, Absent) else "idempotent destination"
+        number = action.dispatches + 1
+        adm = dispatch_admission(act, number)
+        action = action.model_copy(update={"state": "dispatching", "dispatches": number,
+                                           "admission_id": adm, "fence": run.fence,
+                                           "reason": f"redispatch: {why}"})
+        try:
+            await run.submit([Charge(admission_id=adm, charges=DISPATCH_CHARGES,
+                                     node_id=node.id), RecordAction(action=action)])
+        except BudgetExhaustedError as exc:
+            return Outcome("budget", exception=exc)
+    return await _dispatch(run, node, connector, request, action)
+
+
+async def _dispatch(run: TaskRun, node: CompiledNode, connector: Any, request: ActionRequest,
+                    action: ActionRecord) -> Outcome:
+    with span("agentium_graph.connector.dispatch", {"agentium.task.key": run.key,
+                                                    "agentium.node.id": node.id,
+                                                    "agentium.action.id": action.action_id}):
+        try:
+            result = await asyncio.wait_for(connector.dispatch(request), run.rt.effect_timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # dispatch failed or timed out: did it take effect?
+            log.warning("task %s node %s: dispatch of %s failed (%r); reconciling",
+                        run.key, node.id, action.action_id, exc)
+            verdict = await reconcile(run, connector, action)
+            if isinstance(verdict, ActionOutcome):
+                return receipt(run, node, action, verdict, source="reconcile")
+            if isinstance(verdict, Absent):
+                info = ErrorInfo.from_exception(exc, node_id=node.id)
+                rejected = action.model_copy(update={
+                    "state": "rejected", "reason": f"dispatch failed and the connector proved "
+                    f"the action absent: {info.message}"})
+                return Outcome("failed", error=info.model_copy(update={
+                    "code": "effect_dispatch_failed"}), action=rejected)
+            return uncertain(run, action, f"dispatch raised {type(exc).__name__}: {exc}; "
+                             f"lookup: {verdict.reason}")
+    if not isinstance(result, ActionOutcome):
+        return uncertain(run, action, f"connector returned {type(result).__name__}, not an "
+                         "ActionOutcome")
+    return receipt(run, node, action, result, source="dispatch")
+
+
+def receipt(run: TaskRun, node: CompiledNode, action: ActionRecord, result: ActionOutcome,
+            *, source: str) -> Outcome:
+    checked = check_output(node.id, node.binding, result.output)
+    if checked.state != "completed":
+        # The destination acted but its answer is unusable: never re-dispatch; say so.
+        assert checked.error is not None
+        bad = action.model_copy(update={"state": "uncertain",
+                                        "reason": f"invalid outcome: {checked.error.message}"})
+        return Outcome("uncertain", error=checked.error, action=bad)
+    checked.action = action.model_copy(update={
+        "state": "confirmed", "outcome_digest": checked.digest, "outcome_source": source,
+        "result_ref_returned": result.result_ref})
+    return checked
+
+
+def uncertain(run: TaskRun, action: ActionRecord, reason: str) -> Outcome:
+    info = ErrorInfo(code="effect_uncertain", node_id=action.node_id,
+                     message=f"outcome of action {action.action_id} is unknown: {reason}",
+                     details={"action_ids": [action.action_id]})
+    return Outcome("uncertain", error=info,
+                   action=action.model_copy(update={"state": "uncertain", "reason": reason}))
+
+
+async def reconcile(run: TaskRun, connector: Any,
+                    action: ActionRecord) -> ActionOutcome | Absent | Unknown:
+    """Ask the connector what happened, bounded by a timeout and a few jittered retries."""
+
+    async def once() -> ActionOutcome | Absent | Unknown:
+        with span("agentium_graph.connector.resolve", {"agentium.task.key": run.key,
+                                                       "agentium.action.id": action.action_id}):
+            try:
+                verdict = await asyncio.wait_for(connector.resolve_result(action.result_ref),
+                                                 run.rt.lookup_timeout)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                return Unknown(reason=f"lookup failed: {type(exc).__name__}: {exc}")
+        if isinstance(verdict, ActionOutcome | Absent | Unknown):
+            return verdict
+        return Unknown(reason=f"lookup returned {type(verdict).__name__}")
+
+    last: ActionOutcome | Absent | Unknown = Unknown(reason="no lookup made")
+    for attempt in range(run.rt.lookup_attempts):
+        last = await once()
+        if not isinstance(last, Unknown):
+            return last
+        if attempt + 1 < run.rt.lookup_attempts:
+            # Full jitter, exponential: spreads lookups of many recovering workers.
+            await asyncio.sleep(random.uniform(0, min(1.0, 0.05 * 2 ** attempt)))
+    return last
+
+
+async def _reuse_receipt(run: TaskRun, node: CompiledNode, action: ActionRecord) -> Outcome:
+    assert action.outcome_digest is not None
+    blobs = await run.store.get_blobs([action.outcome_digest])
+    text = blobs.get(action.outcome_digest)
+    if text is None:
+        raise NodeFailedError(f"node {node.id!r}: the receipt of action {action.action_id} "
+                              "lost its outcome blob; the store was damaged", node_id=node.id)
+    checked = check_output(node.id, node.binding, json.loads(text))
+    checked.action = action
+    return checked

@@ -1,0 +1,55 @@
+"""What a leaf execution hands back to the scheduler, and output checking."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from jsonschema.exceptions import ValidationError as SchemaValidationError
+
+from agentium_graph._canonical import NotJSONError, canonical_json, check_json, digest_text
+from agentium_graph.catalog._bindings import Binding
+from agentium_graph.errors import ErrorInfo, NodeFailedError, NodeOutputError
+from agentium_graph.store._records import ActionRecord
+
+OutcomeState = Literal["completed", "failed", "canceled", "uncertain", "budget"]
+
+
+@dataclass(slots=True)
+class Outcome:
+    state: OutcomeState
+    output: Any = None
+    text: str | None = None
+    digest: str | None = None
+    error: ErrorInfo | None = None
+    action: ActionRecord | None = None   # ledger record to persist with the settlement
+    exception: BaseException | None = None
+
+
+def schema_error(cls: type[NodeFailedError], node_id: str, what: str,
+                 err: SchemaValidationError) -> NodeFailedError:
+    where = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}"
+                          for p in err.absolute_path)
+    schema_path = "/".join(str(p) for p in err.absolute_schema_path)
+    return cls(f"node {node_id!r}: the value at {where} of its {what} violates the schema "
+               f"(#/{schema_path}): {err.message}", node_id=node_id,
+               details={"path": where, "schema_path": "#/" + schema_path})
+
+
+def check_output(node_id: str, binding: Binding, result: Any) -> Outcome:
+    """A completed outcome with canonical text and digest, or a failed one naming why."""
+    try:
+        check_json(result)
+    except NotJSONError as exc:
+        error = NodeOutputError(
+            f"node {node_id!r}: output is not JSON at {exc.path}: {exc.reason}; return "
+            "dicts, lists, strings, numbers, booleans or None", node_id=node_id,
+            details={"path": exc.path})
+        return Outcome("failed", error=error.to_info())
+    errors = sorted(binding.output_validator.iter_errors(result),
+                    key=lambda e: list(e.absolute_path))
+    if errors:
+        return Outcome("failed", error=schema_error(NodeOutputError, node_id, "output",
+                                                    errors[0]).to_info())
+    text = canonical_json(result)
+    return Outcome("completed", output=result, text=text, digest=digest_text(text))
