@@ -1,0 +1,126 @@
+"""The public, frozen configuration of :class:`HttpActionConnector`."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+from urllib.parse import quote, urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
+
+
+class HttpConnectorConfig(BaseModel):
+    """Everything that defines one HTTP connector; frozen, so a connector cannot drift.
+
+    One connector targets one resource of one API: ``method`` to ``create_path`` creates,
+    ``GET lookup_path_template`` (with ``{key}`` replaced by the URL-quoted idempotency key)
+    looks a request up. ``ActionRequest.destination`` must name ``create_path`` (with or
+    without its leading slash), because :meth:`HttpActionConnector.resolve_result` only
+    receives the key and can only prove absence at the one lookup endpoint paired with
+    that path. Use one connector (with its own ``id``) per resource.
+
+    ``headers`` are static request headers (e.g. ``Authorization``); they are never shown
+    in ``repr`` or in error messages. ``dispatch_attempts`` applies only when
+    ``idempotent_destination`` is true: only then is resending a POST with the same key
+    safe. ``lookup_attempts`` bounds lookup retries (GETs are always safe to repeat).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    base_url: str
+    id: str = Field(default="http", min_length=1)
+    version: str = Field(default="1", min_length=1)
+    create_path: str = "/charges"
+    lookup_path_template: str = "/charges/{key}"
+    method: Literal["POST", "PUT"] = "POST"
+    headers: dict[str, str] = Field(default_factory=dict, repr=False)
+    idempotency_header: str = "Idempotency-Key"
+    timeout_s: float = Field(default=10.0, gt=0, le=600)
+    lookup_timeout_s: float | None = Field(default=None, gt=0, le=600)
+    idempotent_destination: bool = True
+    dispatch_attempts: int = Field(default=3, ge=1, le=10)
+    lookup_attempts: int = Field(default=1, ge=1, le=10)
+    retry_wait_s: float = Field(default=0.25, ge=0, le=60)
+    retry_max_wait_s: float = Field(default=5.0, ge=0, le=300)
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_base_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if "@" in parts.netloc:
+            raise ValueError("base_url must not carry credentials; pass them in headers=, "
+                             "which are kept out of reprs and error messages")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{value!r} is not an absolute http(s) URL")
+        if parts.query or parts.fragment:
+            raise ValueError(f"{value!r} must not carry a query or a fragment")
+        return value.rstrip("/")
+
+    @field_validator("create_path")
+    @classmethod
+    def _check_create_path(cls, value: str) -> str:
+        path = "/" + value.strip().lstrip("/")
+        if path == "/" or "{" in path or "?" in path or "#" in path:
+            raise ValueError(f"{value!r} must be a plain path such as '/charges'")
+        return path
+
+    @field_validator("lookup_path_template")
+    @classmethod
+    def _check_lookup(cls, value: str) -> str:
+        path = "/" + value.strip().lstrip("/")
+        if path.count("{key}") != 1 or path.replace("{key}", "").count("{"):
+            raise ValueError(f"{value!r} must contain '{{key}}' exactly once and no other "
+                             "placeholder, e.g. '/charges/{key}'")
+        return path
+
+    @field_validator("idempotency_header")
+    @classmethod
+    def _check_header_name(cls, value: str) -> str:
+        if not _TOKEN.match(value):
+            raise ValueError(f"{value!r} is not a valid header name")
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _check_headers(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not _TOKEN.match(name):
+                raise ValueError(f"header name {name!r} is not valid")
+            if "\r" in text or "\n" in text:
+                raise ValueError(f"header {name!r}: values must not contain line breaks")
+        return dict(value)
+
+    @model_validator(mode="after")
+    def _check_reserved(self) -> HttpConnectorConfig:
+        reserved = {self.idempotency_header.lower(), "content-type", "content-length"}
+        clash = sorted(n for n in self.headers if n.lower() in reserved)
+        if clash:
+            raise ValueError(f"headers must not set {', '.join(clash)}: the connector sets "
+                             "them per request")
+        return self
+
+    @property
+    def destination(self) -> str:
+        """The ``destination`` string tool bindings should use with this connector."""
+        return self.create_path
+
+    def accepts_destination(self, destination: str) -> bool:
+        return "/" + destination.strip().lstrip("/") == self.create_path
+
+    def create_url(self) -> str:
+        return self.base_url + self.create_path
+
+    def lookup_url(self, key: str) -> str:
+        return self.base_url + self.lookup_path_template.replace("{key}", quote(key, safe=""))
+
+    @property
+    def effective_lookup_timeout_s(self) -> float:
+        return self.lookup_timeout_s if self.lookup_timeout_s is not None else self.timeout_s
+
+
+def valid_key(key: str) -> bool:
+    """Whether ``key`` can travel as a header value: 1-255 visible ASCII characters."""
+    return bool(_KEY.match(key))

@@ -1,0 +1,273 @@
+"""HttpActionConnector: dispatch with an Idempotency-Key, reconcile by looking the key up."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import weakref
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, Literal, NoReturn
+
+import httpx
+from pydantic import ValidationError
+
+from agentium_graph.connectors import Absent, ActionOutcome, ActionRequest, Unknown
+from agentium_graph.errors import ConfigurationError, config_error
+from agentium_graph_http._config import HttpConnectorConfig, valid_key
+from agentium_graph_http._errors import (
+    HttpConnectorError,
+    HttpResponseError,
+    HttpTransientError,
+    excerpt,
+    status_error,
+    transport_error,
+)
+
+_log = logging.getLogger("agentium_graph.connectors.http")
+_USER_AGENT = "agentium-graph-http/0.1.0"
+
+
+class HttpActionConnector:
+    """A :class:`~agentium_graph.DurableActionConnector` for idempotent HTTP APIs.
+
+    The destination dedupes requests by an ``Idempotency-Key`` header and answers
+    ``GET <lookup path>/{key}`` with the stored response (200) or 404 for a key it never
+    accepted. :meth:`dispatch` sends ``request.args`` as a JSON body with
+    ``Idempotency-Key: request.action_id`` (the runtime's ``result_ref`` is the action id, so
+    :meth:`resolve_result` looks up exactly the key that was sent).
+
+    Construct it with keyword options (mirroring :class:`HttpConnectorConfig`) or from a
+    config with :meth:`from_config`. Pass ``client=`` to share a caller-owned
+    ``httpx.AsyncClient`` (never closed here), or ``transport=`` to give the owned client
+    a custom transport. The owned client is created on first use in the running event loop
+    (a later call from another loop gets a fresh one) and closed by :meth:`aclose` or
+    ``async with connector:``; the connector stays usable after closing.
+
+    Errors: :meth:`dispatch` raises only :class:`HttpConnectorError` subclasses (or
+    ``asyncio.CancelledError``); :meth:`resolve_result` never raises for a transport or
+    server failure, it returns ``Unknown``.
+    """
+
+    def __init__(self, base_url: str, *, id: str = "http", version: str = "1",
+                 create_path: str = "/charges", lookup_path_template: str = "/charges/{key}",
+                 method: Literal["POST", "PUT"] = "POST",
+                 headers: Mapping[str, str] | None = None,
+                 idempotency_header: str = "Idempotency-Key", timeout_s: float = 10.0,
+                 lookup_timeout_s: float | None = None, idempotent_destination: bool = True,
+                 dispatch_attempts: int = 3, lookup_attempts: int = 1,
+                 retry_wait_s: float = 0.25, retry_max_wait_s: float = 5.0,
+                 client: httpx.AsyncClient | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        options: dict[str, Any] = {
+            "base_url": base_url, "id": id, "version": version, "create_path": create_path,
+            "lookup_path_template": lookup_path_template, "method": method,
+            "headers": dict(headers or {}), "idempotency_header": idempotency_header,
+            "timeout_s": timeout_s, "lookup_timeout_s": lookup_timeout_s,
+            "idempotent_destination": idempotent_destination,
+            "dispatch_attempts": dispatch_attempts, "lookup_attempts": lookup_attempts,
+            "retry_wait_s": retry_wait_s, "retry_max_wait_s": retry_max_wait_s}
+        try:
+            config = HttpConnectorConfig(**options)
+        except ValidationError as exc:
+            raise config_error("HTTP connector config", {"id": id}, exc) from None
+        if client is not None and transport is not None:
+            raise ConfigurationError("pass either client= or transport=, not both: a "
+                                     "caller-owned client already has its transport")
+        self.config = config
+        self.id = config.id
+        self.version = config.version
+        self.idempotent_destination = config.idempotent_destination
+        self._shared = client
+        self._transport = transport
+        self._owned: httpx.AsyncClient | None = None
+        self._owned_loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
+
+    @classmethod
+    def from_config(cls, config: HttpConnectorConfig, *,
+                    client: httpx.AsyncClient | None = None,
+                    transport: httpx.AsyncBaseTransport | None = None) -> HttpActionConnector:
+        """A connector for ``config`` (validated again on the way in)."""
+        return cls(**config.model_dump(), client=client, transport=transport)
+
+    @property
+    def destination(self) -> str:
+        """The destination to bind tools with: ``ToolBinding(..., destination=c.destination)``."""
+        return self.config.destination
+
+    def __repr__(self) -> str:
+        return (f"HttpActionConnector(id={self.id!r}, version={self.version!r}, "
+                f"url={self.config.create_url()!r})")
+
+    # -- the connector protocol ------------------------------------------------------------
+
+    async def dispatch(self, request: ActionRequest) -> ActionOutcome:
+        """Send ``request.args`` once (retried only against an idempotent destination).
+
+        2xx with a JSON body -> ``ActionOutcome(output=body, result_ref=request.result_ref)``.
+        Raises :class:`HttpTransientError` (timeouts, connection failures, 5xx, 408, 409, 425,
+        429), :class:`HttpRejectedError` (other 3xx/4xx), :class:`HttpResponseError` (2xx
+        without a JSON body) or :class:`HttpConnectorError` (refused before sending).
+
+        With ``idempotent_destination=True`` transient failures are retried up to
+        ``dispatch_attempts`` times under the same key, which a deduping server turns into
+        one acceptance. With ``False`` nothing is ever resent here: the runtime must
+        reconcile through :meth:`resolve_result` first.
+        """
+        url = self._check(request)
+        cfg = self.config
+        try:
+            body = json.dumps(request.args, allow_nan=False, ensure_ascii=False,
+                              separators=(",", ":")).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise HttpConnectorError(f"args of action {request.action_id} are not JSON "
+                                     f"({exc}); nothing was sent", url=url) from None
+        headers = {**cfg.headers, cfg.idempotency_header: request.action_id,
+                   "Content-Type": "application/json", "Accept": "application/json"}
+        attempts = cfg.dispatch_attempts if cfg.idempotent_destination else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                response = await self._send(cfg.method, url, body, headers, cfg.timeout_s)
+                return ActionOutcome(output=self._body(response, url, cfg.method),
+                                     result_ref=request.result_ref)
+            except HttpTransientError as exc:
+                if attempt == attempts:
+                    raise
+                delay = self._backoff(attempt, exc.details.get("retry_after_s"))
+                _log.info("dispatch of %s to %s failed (%s); retrying in %.2fs under the "
+                          "same idempotency key", request.action_id, url, exc.code, delay)
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def resolve_result(self, result_ref: str) -> ActionOutcome | Absent | Unknown:
+        """Look the idempotency key ``result_ref`` up; never raises for transport failures.
+
+        200 with a JSON body -> ``ActionOutcome``; 404 -> ``Absent()`` (the server never
+        accepted the key); anything else (other statuses, a malformed body, a timeout after
+        ``lookup_timeout_s``, a connection failure) -> ``Unknown(reason=...)``, after up to
+        ``lookup_attempts`` tries. ``asyncio.CancelledError`` propagates.
+        """
+        if not valid_key(result_ref):
+            return Unknown(reason=f"result_ref {result_ref[:80]!r} is not a valid "
+                           "idempotency key, so this connector never sent it")
+        url = self.config.lookup_url(result_ref)
+        result: ActionOutcome | Absent | Unknown = Unknown()
+        for attempt in range(1, self.config.lookup_attempts + 1):
+            if attempt > 1:
+                await asyncio.sleep(self._backoff(attempt - 1, None))
+            result = await self._lookup_once(url, result_ref)
+            if not isinstance(result, Unknown):
+                return result
+            _log.info("lookup of %s at %s: %s", result_ref, url, result.reason)
+        return result
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Close the owned client (a ``client=`` passed in stays open)."""
+        owned, self._owned, self._owned_loop = self._owned, None, None
+        if owned is not None:
+            await owned.aclose()
+
+    async def __aenter__(self) -> HttpActionConnector:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _check(self, request: ActionRequest) -> str:
+        cfg = self.config
+        if not cfg.accepts_destination(request.destination):
+            raise HttpConnectorError(
+                f"connector {self.id!r} sends to {cfg.create_path!r} only, not to destination "
+                f"{request.destination!r}; bind the tool with destination="
+                f"{cfg.destination!r} or use a connector configured for that path",
+                details={"destination": request.destination})
+        if request.result_ref != request.action_id:
+            raise HttpConnectorError(
+                f"action {request.action_id}: result_ref {request.result_ref!r} differs from "
+                "the action id, but this connector looks results up by the Idempotency-Key "
+                "it sends (the action id); nothing was sent",
+                details={"action_id": request.action_id})
+        if not valid_key(request.action_id):
+            raise HttpConnectorError(
+                f"action id {request.action_id[:80]!r} cannot be an Idempotency-Key (1-255 "
+                "visible ASCII characters); nothing was sent")
+        return cfg.create_url()
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._shared is not None:
+            return self._shared
+        loop = asyncio.get_running_loop()
+        if self._owned is None or self._owned_loop is None or self._owned_loop() is not loop:
+            # A client's pooled connections belong to the loop that opened them.
+            self._owned = httpx.AsyncClient(transport=self._transport, follow_redirects=False,
+                                            headers={"User-Agent": _USER_AGENT})
+            self._owned_loop = weakref.ref(loop)
+        return self._owned
+
+    async def _send(self, method: str, url: str, body: bytes | None,
+                    headers: Mapping[str, str], timeout_s: float) -> httpx.Response:
+        """One request, bounded as a whole by ``timeout_s``; failures come out typed."""
+        client = self._client()
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await client.request(method, url, content=body, headers=dict(headers),
+                                            timeout=httpx.Timeout(timeout_s))
+        except Exception as exc:  # CancelledError is a BaseException and passes through
+            raise transport_error(exc, url, method, timeout_s) from exc
+
+    def _body(self, response: httpx.Response, url: str, what: str) -> Any:
+        if not response.is_success:
+            raise status_error(response, url, what)
+        try:
+            return _parse_json(response.content)
+        except ValueError as exc:
+            raise HttpResponseError(
+                f"{what} {url} returned HTTP {response.status_code} but its body is not JSON "
+                f"({exc}): {excerpt(response.text)!r}; the server accepted the request, so "
+                "check it there and record the outcome with runtime.resolve_action",
+                url=url, status=response.status_code, may_have_taken_effect=True,
+                body_excerpt=excerpt(response.text)) from None
+
+    async def _lookup_once(self, url: str, key: str) -> ActionOutcome | Absent | Unknown:
+        cfg = self.config
+        headers = {**cfg.headers, "Accept": "application/json"}
+        timeout_s = cfg.effective_lookup_timeout_s
+        try:
+            response = await self._send("GET", url, None, headers, timeout_s)
+        except HttpConnectorError as exc:
+            return Unknown(reason=f"lookup failed ({exc.code}): {exc}")
+        if response.status_code == 404:
+            return Absent()
+        if not response.is_success:
+            return Unknown(reason=f"lookup GET {url} returned HTTP {response.status_code}: "
+                           f"{excerpt(response.text)!r}")
+        try:
+            return ActionOutcome(output=_parse_json(response.content), result_ref=key)
+        except ValueError as exc:
+            return Unknown(reason=f"lookup GET {url} returned HTTP {response.status_code} "
+                           f"with a body that is not JSON ({exc})")
+
+    def _backoff(self, attempt: int, retry_after_s: object) -> float:
+        cfg = self.config
+        delay = cfg.retry_wait_s * 2.0 ** (attempt - 1)
+        if isinstance(retry_after_s, int | float):
+            delay = max(delay, float(retry_after_s))
+        return min(delay, cfg.retry_max_wait_s)
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse_json(content: bytes) -> Any:
+    """Strict JSON: no NaN/Infinity; empty, undecodable or too deeply nested is an error."""
+    try:
+        return json.loads(content, parse_constant=_reject_constant)
+    except RecursionError:
+        raise ValueError("the JSON is nested too deeply") from None

@@ -1,0 +1,162 @@
+"""The exception tree of the HTTP connector, and the one place httpx failures are mapped.
+
+Every failure of :meth:`HttpActionConnector.dispatch` leaves the package as one of these
+(never a raw ``httpx`` exception); ``asyncio.CancelledError`` always propagates as is::
+
+    AgentiumGraphError                      (agentium_graph.errors)
+    └── HttpConnectorError                  http_connector_error: request refused locally
+        │                                   (bad destination, key or args); nothing was sent
+        ├── HttpTransientError              http_transient: no answer that settles it; the
+        │   │                               runtime reconciles through resolve_result
+        │   ├── HttpTimeoutError            http_timeout: no response within timeout_s
+        │   ├── HttpNetworkError            http_network: connection failed, reset or closed
+        │   │                               without a response (a lost receipt looks like this)
+        │   └── HttpServerError             http_server_error: 5xx, 408, 409, 425 or 429
+        ├── HttpRejectedError               http_rejected: another 3xx/4xx; retrying the same
+        │                                   request cannot succeed
+        └── HttpResponseError               http_bad_response: a 2xx whose body is not JSON
+
+Every error carries ``may_have_taken_effect``: ``False`` only when the request provably
+did not reach the server's handler (connect failure, a 4xx/429 rejection, a local
+refusal). When it is ``True`` the caller must reconcile with ``resolve_result`` before it
+could ever send the request again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from agentium_graph.errors import AgentiumGraphError
+
+EXCERPT_CHARS = 300
+
+
+class HttpConnectorError(AgentiumGraphError):
+    """Root of the HTTP connector's errors; raised as is when a request is refused locally."""
+
+    code = "http_connector_error"
+
+    def __init__(self, message: str, *, url: str | None = None, status: int | None = None,
+                 may_have_taken_effect: bool = False, body_excerpt: str | None = None,
+                 details: Mapping[str, Any] | None = None) -> None:
+        merged: dict[str, Any] = {"url": url, "status": status,
+                                  "may_have_taken_effect": may_have_taken_effect}
+        if body_excerpt is not None:
+            merged["body_excerpt"] = body_excerpt
+        merged.update(details or {})
+        super().__init__(message, details=merged)
+        self.url = url
+        self.status = status
+        self.may_have_taken_effect = may_have_taken_effect
+        self.body_excerpt = body_excerpt
+
+
+class HttpTransientError(HttpConnectorError):
+    """No answer that settles the request; reconcile with ``resolve_result`` before retrying."""
+
+    code = "http_transient"
+
+
+class HttpTimeoutError(HttpTransientError):
+    code = "http_timeout"
+
+
+class HttpNetworkError(HttpTransientError):
+    code = "http_network"
+
+
+class HttpServerError(HttpTransientError):
+    """A status that may succeed later (5xx, 408, 409, 425, 429); ``retry_after_s`` if sent."""
+
+    code = "http_server_error"
+
+    def __init__(self, message: str, *, url: str, status: int, may_have_taken_effect: bool,
+                 body_excerpt: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message, url=url, status=status, body_excerpt=body_excerpt,
+                         may_have_taken_effect=may_have_taken_effect,
+                         details={"retry_after_s": retry_after_s})
+        self.retry_after_s = retry_after_s
+
+
+class HttpRejectedError(HttpConnectorError):
+    """The server refused the request (3xx/4xx); sending it again cannot succeed."""
+
+    code = "http_rejected"
+
+
+class HttpResponseError(HttpConnectorError):
+    """A 2xx whose body is not JSON: the server accepted, but the outcome is unreadable."""
+
+    code = "http_bad_response"
+
+
+# Statuses that say "not now" rather than "never". 409/425: a request with the same key
+# is still in flight at the server, so the effect may yet happen.
+_TRANSIENT_STATUSES = frozenset({408, 409, 425, 429})
+_NOT_APPLIED_STATUSES = frozenset({408, 429})
+
+
+def excerpt(text: str) -> str:
+    """A short, single-line excerpt of a response body for error messages."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= EXCERPT_CHARS else flat[:EXCERPT_CHARS] + "..."
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """``Retry-After`` in seconds when given as a number (dates are ignored)."""
+    value = response.headers.get("retry-after")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def status_error(response: httpx.Response, url: str, what: str) -> HttpConnectorError:
+    """The typed error for a non-2xx ``response`` to ``what`` (e.g. ``"POST"``)."""
+    status = response.status_code
+    body = excerpt(response.text)
+    where = f"{what} {url} returned HTTP {status}"
+    if status >= 500 or status in _TRANSIENT_STATUSES:
+        applied = status not in _NOT_APPLIED_STATUSES
+        hint = ("the server may have applied it; the runtime reconciles by looking the key "
+                "up before any retry" if applied else "the server did not apply it; it is "
+                "safe to send again with the same Idempotency-Key")
+        return HttpServerError(f"{where}: {body!r}; {hint}", url=url, status=status,
+                               may_have_taken_effect=applied, body_excerpt=body,
+                               retry_after_s=retry_after(response))
+    return HttpRejectedError(
+        f"{where}: {body!r}; the server refused the request, so fix the args, the "
+        "destination or the credentials before running the task again",
+        url=url, status=status, body_excerpt=body)
+
+
+def transport_error(exc: Exception, url: str, what: str,
+                    timeout_s: float) -> HttpConnectorError:
+    """Map an exception raised while sending ``what`` to ``url`` into the typed tree.
+
+    Only connect-phase failures prove the request never reached the server.
+    """
+    name = type(exc).__name__
+    unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout |
+                        httpx.UnsupportedProtocol | httpx.ProxyError)
+    if isinstance(exc, TimeoutError | httpx.TimeoutException):
+        return HttpTimeoutError(
+            f"{what} {url}: no response within {timeout_s:g}s ({name}); "
+            + ("it was never sent" if unsent else "the server may have applied it"),
+            url=url, may_have_taken_effect=not unsent, details={"timeout_s": timeout_s})
+    if isinstance(exc, httpx.LocalProtocolError | httpx.InvalidURL):
+        return HttpConnectorError(
+            f"{what} {url}: the request could not be built ({name}: {exc}); check "
+            "base_url, the paths and the static headers", url=url)
+    if isinstance(exc, httpx.TransportError):
+        return HttpNetworkError(
+            f"{what} {url} failed: {name}: {exc}; "
+            + ("it was never sent" if unsent else "the connection ended before a response, "
+               "so the server may have applied it"),
+            url=url, may_have_taken_effect=not unsent)
+    return HttpNetworkError(
+        f"{what} {url} failed unexpectedly: {name}: {exc}; the server may have applied it",
+        url=url, may_have_taken_effect=True)
