@@ -1,0 +1,326 @@
+"""The store's operations as plain functions on one connection, run on the worker thread.
+
+Each mutating operation is one ``BEGIN IMMEDIATE`` transaction: it reads the header row and
+only the rows :func:`~agentium_graph.store.needs` names, lets the shared state machine decide,
+and writes blobs first (insert-if-absent), then changed rows, journal rows and the header.
+Holding the write lock across that read-modify-write is what keeps fencing exact across
+connections and processes. The transition rules themselves live in
+:mod:`agentium_graph.store._transitions`; nothing here re-implements them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from agentium_graph.errors import TaskNotFoundError
+from agentium_graph.store._records import (
+    ActionRecord,
+    JournalEntry,
+    NodeRecord,
+    TaskHeader,
+    TaskIdentity,
+    TaskSnapshot,
+)
+from agentium_graph.store._requests import (
+    AcquireLeaseRequest,
+    CancelTaskRequest,
+    CommitRequest,
+    CommitResult,
+    CreateTaskRequest,
+    CreateTaskResult,
+    LeaseGrant,
+    LeaseStatus,
+    ListTasksRequest,
+    ReleaseLeaseRequest,
+    RenewLeaseRequest,
+    TimelineRequest,
+)
+from agentium_graph.store._transitions import (
+    acquire_lease,
+    apply_commit,
+    creation_entry,
+    identity_conflict,
+    needs,
+    release_lease,
+    renew_lease,
+    request_cancel,
+)
+
+T = TypeVar("T")
+R = TypeVar("R")
+_CHUNK = 500  # bound on "?" placeholders per IN (...) list
+
+
+class Writer:
+    """Collects one transaction's writes so they can be counted (bytes) and batched."""
+
+    __slots__ = ("bytes", "conn")
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.bytes = 0
+
+    def many(self, sql: str, rows: Sequence[tuple[str | int, ...]]) -> None:
+        """Execute ``sql`` for every row; payload bytes are the text columns after the key."""
+        if not rows:
+            return
+        for row in rows:
+            self.bytes += sum(len(v.encode()) for v in row[1:] if isinstance(v, str))
+        if len(rows) == 1:
+            self.conn.execute(sql, rows[0])
+        else:
+            self.conn.executemany(sql, rows)
+
+    def header(self, header: TaskHeader, previous: TaskHeader) -> None:
+        text = header.model_dump_json()
+        self.bytes += len(text.encode())
+        # Naming status in SET rewrites its index entry even when unchanged: a page per commit.
+        if header.status == previous.status:
+            self.conn.execute("UPDATE tasks SET header = ? WHERE key = ?", (text, header.key))
+        else:
+            self.conn.execute("UPDATE tasks SET status = ?, header = ? WHERE key = ?",
+                              (header.status, text, header.key))
+
+    def blobs(self, blobs: dict[str, str]) -> None:
+        self.many("INSERT OR IGNORE INTO blobs (digest, body) VALUES (?, ?)",
+                  list(blobs.items()))
+
+    def journal(self, key: str, entries: Iterable[JournalEntry]) -> None:
+        self.many("INSERT INTO journal (key, seq, entry) VALUES (?, ?, ?)",
+                  [(key, e.seq, e.model_dump_json()) for e in entries])
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome(Generic[R]):
+    """What a write transaction returns: its result and whether (and how much) it wrote."""
+
+    result: R
+    wrote: bool
+    bytes: int
+
+
+def write_txn(conn: sqlite3.Connection,
+              body: Callable[[Writer], tuple[T, bool]]) -> Outcome[T]:
+    """Run ``body`` inside ``BEGIN IMMEDIATE``; commit if it wrote, else roll back."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        writer = Writer(conn)
+        result, wrote = body(writer)
+        conn.execute("COMMIT" if wrote else "ROLLBACK")
+    except BaseException:
+        _rollback(conn)
+        raise
+    return Outcome(result, wrote, writer.bytes if wrote else 0)
+
+
+def read_txn(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
+    """Run several reads against one consistent snapshot."""
+    conn.execute("BEGIN")
+    try:
+        result = body(conn)
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
+    return result
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    # The original error matters more; SQLite rolls back a failed transaction anyway.
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+
+
+def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
+    for start in range(0, len(items), _CHUNK):
+        yield items[start:start + _CHUNK]
+
+
+def _rows_in(conn: sqlite3.Connection, table: str, column: str, value: str, key: str,
+             ids: Iterable[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    wanted = sorted(ids)
+    for part in _chunks(wanted):
+        marks = ",".join("?" * len(part))
+        sql = (f"SELECT {column}, {value} FROM {table} "
+               f"WHERE key = ? AND {column} IN ({marks})")
+        out.update(conn.execute(sql, (key, *part)).fetchall())
+    return out
+
+
+def _header(conn: sqlite3.Connection, key: str) -> TaskHeader | None:
+    row = conn.execute("SELECT header FROM tasks WHERE key = ?", (key,)).fetchone()
+    return None if row is None else TaskHeader.model_validate_json(row[0])
+
+
+def _existing_header(conn: sqlite3.Connection, key: str) -> TaskHeader:
+    header = _header(conn, key)
+    if header is None:
+        raise TaskNotFoundError(key)
+    return header
+
+
+# --- mutating operations -------------------------------------------------------------------
+
+def create_task(conn: sqlite3.Connection,
+                request: CreateTaskRequest) -> Outcome[CreateTaskResult]:
+    def body(w: Writer) -> tuple[CreateTaskResult, bool]:
+        key = request.header.key
+        existing = _header(conn, key)
+        if existing is not None:
+            if existing.identity_digest != request.header.identity_digest:
+                row = conn.execute("SELECT identity FROM identities WHERE key = ?",
+                                   (key,)).fetchone()
+                identity_conflict(TaskIdentity.model_validate_json(row[0]), request.identity)
+            return CreateTaskResult(created=False, header=existing), False
+        entry = creation_entry(request)
+        w.blobs(request.blobs)
+        header_text = request.header.model_dump_json()
+        w.many("INSERT INTO tasks (key, status, header) VALUES (?, ?, ?)",
+               [(key, request.header.status, header_text)])
+        w.many("INSERT INTO identities (key, identity) VALUES (?, ?)",
+               [(key, request.identity.model_dump_json())])
+        w.many("INSERT INTO nodes (key, node_id, record) VALUES (?, ?, ?)",
+               [(key, n.node_id, n.model_dump_json()) for n in request.nodes])
+        w.many("INSERT INTO admissions (key, admission_id, charges) VALUES (?, ?, ?)",
+               [(key, request.admission_id, "{}")])
+        w.journal(key, [entry])
+        return CreateTaskResult(created=True,
+                                header=TaskHeader.model_validate_json(header_text)), True
+    return write_txn(conn, body)
+
+
+def acquire(conn: sqlite3.Connection, request: AcquireLeaseRequest) -> Outcome[LeaseGrant]:
+    def body(w: Writer) -> tuple[LeaseGrant, bool]:
+        current = _existing_header(conn, request.key)
+        header, entry = acquire_lease(current, request)
+        w.journal(request.key, [entry])
+        w.header(header, current)
+        assert header.lease is not None
+        return LeaseGrant(fence=header.fence, expires_at=header.lease.expires_at,
+                          header=header), True
+    return write_txn(conn, body)
+
+
+def renew(conn: sqlite3.Connection, request: RenewLeaseRequest) -> Outcome[LeaseStatus]:
+    def body(w: Writer) -> tuple[LeaseStatus, bool]:
+        current = _existing_header(conn, request.key)
+        header = renew_lease(current, request)
+        w.header(header, current)
+        assert header.lease is not None
+        return LeaseStatus(fence=header.fence, expires_at=header.lease.expires_at,
+                           cancel=header.cancel), True
+    return write_txn(conn, body)
+
+
+def release(conn: sqlite3.Connection, request: ReleaseLeaseRequest) -> Outcome[TaskHeader]:
+    def body(w: Writer) -> tuple[TaskHeader, bool]:
+        current = _existing_header(conn, request.key)
+        header = release_lease(current, request)
+        w.header(header, current)
+        return header, True
+    return write_txn(conn, body)
+
+
+def cancel(conn: sqlite3.Connection, request: CancelTaskRequest) -> Outcome[TaskHeader]:
+    def body(w: Writer) -> tuple[TaskHeader, bool]:
+        current = _existing_header(conn, request.key)
+        header = request_cancel(current, request)
+        if header is None:
+            return current, False
+        w.header(header, current)
+        return header, True
+    return write_txn(conn, body)
+
+
+def commit(conn: sqlite3.Connection, request: CommitRequest) -> Outcome[CommitResult]:
+    def body(w: Writer) -> tuple[CommitResult, bool]:
+        key = request.key
+        header = _existing_header(conn, key)
+        need = needs(request.steps)
+        nodes = {i: NodeRecord.model_validate_json(text) for i, text in _rows_in(
+            conn, "nodes", "node_id", "record", key, need.node_ids).items()}
+        actions = {i: ActionRecord.model_validate_json(text) for i, text in _rows_in(
+            conn, "actions", "action_id", "record", key, need.action_ids).items()}
+        charged = set(_rows_in(conn, "admissions", "admission_id", "charges", key,
+                               need.admission_ids))
+        delta = apply_commit(header, nodes, actions, charged, request)
+        w.blobs(request.blobs)
+        w.many("INSERT OR REPLACE INTO nodes (key, node_id, record) VALUES (?, ?, ?)",
+               [(key, i, n.model_dump_json()) for i, n in delta.nodes.items()])
+        w.many("INSERT OR REPLACE INTO actions (key, action_id, record) VALUES (?, ?, ?)",
+               [(key, i, a.model_dump_json()) for i, a in delta.actions.items()])
+        w.many("INSERT INTO admissions (key, admission_id, charges) VALUES (?, ?, ?)",
+               [(key, i, json.dumps(c, sort_keys=True)) for i, c in delta.charges.items()])
+        w.journal(key, delta.journal)
+        w.header(delta.header, header)
+        return CommitResult(header=delta.header, nodes=delta.nodes, actions=delta.actions,
+                            journal=tuple(delta.journal), charged=tuple(delta.charges),
+                            already_charged=tuple(delta.already_charged)), True
+    return write_txn(conn, body)
+
+
+# --- reads -------------------------------------------------------------------------------
+
+def get_header(conn: sqlite3.Connection, key: str) -> TaskHeader | None:
+    return _header(conn, key)
+
+
+def get_identity(conn: sqlite3.Connection, key: str) -> TaskIdentity | None:
+    row = conn.execute("SELECT identity FROM identities WHERE key = ?", (key,)).fetchone()
+    return None if row is None else TaskIdentity.model_validate_json(row[0])
+
+
+def get_task(conn: sqlite3.Connection, key: str) -> TaskSnapshot | None:
+    def body(c: sqlite3.Connection) -> TaskSnapshot | None:
+        header = _header(c, key)
+        if header is None:
+            return None
+        nodes = {i: NodeRecord.model_validate_json(t) for i, t in c.execute(
+            "SELECT node_id, record FROM nodes WHERE key = ?", (key,))}
+        actions = {i: ActionRecord.model_validate_json(t) for i, t in c.execute(
+            "SELECT action_id, record FROM actions WHERE key = ?", (key,))}
+        return TaskSnapshot(header=header, nodes=nodes, actions=actions)
+    return read_txn(conn, body)
+
+
+def list_tasks(conn: sqlite3.Connection, request: ListTasksRequest) -> list[TaskHeader]:
+    where: list[str] = []
+    args: list[str | int] = []
+    if request.status is not None:
+        where.append("status = ?")
+        args.append(request.status)
+    if request.after is not None:
+        where.append("key > ?")
+        args.append(request.after)
+    clause = f"WHERE {' AND '.join(where)} " if where else ""
+    rows = conn.execute(f"SELECT header FROM tasks {clause}ORDER BY key LIMIT ?",
+                        (*args, request.limit))
+    return [TaskHeader.model_validate_json(r[0]) for r in rows]
+
+
+def get_blobs(conn: sqlite3.Connection, digests: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in _chunks(sorted(set(digests))):
+        marks = ",".join("?" * len(part))
+        out.update(conn.execute(
+            f"SELECT digest, body FROM blobs WHERE digest IN ({marks})",
+            tuple(part)).fetchall())
+    return out
+
+
+def read_timeline(conn: sqlite3.Connection, request: TimelineRequest) -> list[JournalEntry]:
+    def body(c: sqlite3.Connection) -> list[JournalEntry]:
+        rows = c.execute("SELECT entry FROM journal WHERE key = ? AND seq > ? ORDER BY seq "
+                         "LIMIT ?", (request.key, request.after_seq, request.limit)).fetchall()
+        if not rows and c.execute("SELECT 1 FROM tasks WHERE key = ?",
+                                  (request.key,)).fetchone() is None:
+            raise TaskNotFoundError(request.key)
+        return [JournalEntry.model_validate_json(r[0]) for r in rows]
+    return read_txn(conn, body)

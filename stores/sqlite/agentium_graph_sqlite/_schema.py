@@ -1,0 +1,205 @@
+"""Opening a store file: refuse anything that is not ours, then create tables idempotently.
+
+Order matters so that a foreign, corrupt, newer or read-only file is never modified:
+
+1. plain filesystem checks (directory, regular file, write permission, SQLite magic bytes);
+2. a *read-only* probe connection reads the schema, ``application_id`` and our ``meta``;
+3. only then a read-write connection switches to WAL and, inside ``BEGIN IMMEDIATE``,
+   re-checks and creates the tables (so two processes creating one file agree).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentium_graph.errors import StoreError, StoreSchemaError
+from agentium_graph_sqlite._errors import mapped_errors
+
+SCHEMA_VERSION = 1
+APPLICATION = "agentium-graph-sqlite"
+APPLICATION_ID = 0x41475351  # "AGSQ", stored in the SQLite file header
+_MAGIC = b"SQLite format 3\x00"
+
+# tasks: the small, hot header row; identities: the large pinned identity, written once,
+# kept apart so a header update never rewrites it.
+_DDL = (
+    "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS tasks (key TEXT PRIMARY KEY, status TEXT NOT NULL, "
+    "header TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS tasks_by_status ON tasks (status, key)",
+    "CREATE TABLE IF NOT EXISTS identities (key TEXT PRIMARY KEY, identity TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS nodes (key TEXT NOT NULL, node_id TEXT NOT NULL, "
+    "record TEXT NOT NULL, PRIMARY KEY (key, node_id)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS actions (key TEXT NOT NULL, action_id TEXT NOT NULL, "
+    "record TEXT NOT NULL, PRIMARY KEY (key, action_id)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS admissions (key TEXT NOT NULL, admission_id TEXT NOT NULL, "
+    "charges TEXT NOT NULL, PRIMARY KEY (key, admission_id)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS journal (key TEXT NOT NULL, seq INTEGER NOT NULL, "
+    "entry TEXT NOT NULL, PRIMARY KEY (key, seq)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS blobs (digest TEXT PRIMARY KEY, body TEXT NOT NULL) "
+    "WITHOUT ROWID",
+)
+OUR_TABLES = frozenset({"meta", "tasks", "identities", "nodes", "actions", "admissions",
+                        "journal", "blobs"})
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    path: Path
+    synchronous: str
+    busy_timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    tables: frozenset[str]
+    application_id: int
+    user_version: int
+    meta: dict[str, str] | None  # None: no readable meta table of ours
+
+
+def open_database(settings: Settings) -> sqlite3.Connection:
+    """Validate the file, open the read-write connection and ensure the schema."""
+    path = settings.path
+    _check_filesystem(path)
+    if path.exists() and path.stat().st_size > 0:
+        with mapped_errors(path, "open (read-only probe)"):
+            found = _probe(path)
+        _verify(found, path)
+    with mapped_errors(path, "open"):
+        conn = sqlite3.connect(str(path), timeout=settings.busy_timeout_s,
+                               isolation_level=None, check_same_thread=False,
+                               cached_statements=256)
+        try:
+            _prepare(conn, settings)
+        except BaseException:
+            conn.close()
+            raise
+    return conn
+
+
+def _check_filesystem(path: Path) -> None:
+    directory = path.parent
+    details = {"path": str(path), "directory": str(directory)}
+    if not directory.is_dir():
+        raise StoreError(
+            f"cannot open SQLite store {str(path)!r}: directory {str(directory)!r} does not "
+            f"exist; create it first (mkdir -p {str(directory)!r}) or choose another path",
+            details=details)
+    if not path.exists():
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise StoreError(
+                f"cannot create SQLite store {str(path)!r}: directory {str(directory)!r} is "
+                "not writable; make it writable or choose another path", details=details)
+        return
+    if not path.is_file():
+        raise StoreError(f"cannot open SQLite store {str(path)!r}: it is not a regular file; "
+                         "point the store at a file path", details=details)
+    # Mode bits as well as access(): root passes access() even on a file marked read-only.
+    if not os.access(path, os.R_OK | os.W_OK) or not path.stat().st_mode & (
+            stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+        raise StoreError(
+            f"cannot open SQLite store {str(path)!r}: the file is read-only; make it "
+            f"writable (chmod u+w {str(path)!r}) or copy it to a writable location "
+            "(the file was left unchanged)", details=details)
+    with path.open("rb") as fh:
+        magic = fh.read(len(_MAGIC))
+    if magic != _MAGIC:
+        raise StoreSchemaError(
+            f"cannot open SQLite store {str(path)!r}: the file is not a SQLite database; "
+            "point the store at a new path (the file was left unchanged)", details=details)
+
+
+def _probe(path: Path) -> _Found:
+    conn = sqlite3.connect(path.absolute().as_uri() + "?mode=ro", uri=True,
+                           isolation_level=None, check_same_thread=False)
+    try:
+        return _inspect(conn)
+    finally:
+        conn.close()
+
+
+def _inspect(conn: sqlite3.Connection) -> _Found:
+    tables = frozenset(r[0] for r in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table'"))
+    application_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
+    user_version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    meta: dict[str, str] | None = None
+    if "meta" in tables:
+        try:
+            meta = {str(k): str(v) for k, v in conn.execute("SELECT name, value FROM meta")}
+        except sqlite3.OperationalError:
+            meta = None  # someone else's table called "meta"
+    return _Found(tables, application_id, user_version, meta)
+
+
+def _verify(found: _Found, path: Path) -> bool:
+    """True when the file already holds our schema; False when it is empty; else raise."""
+    details = {"path": str(path)}
+    if not found.tables and found.application_id in (0, APPLICATION_ID) and \
+            found.user_version == 0:
+        return False
+    meta = found.meta or {}
+    if found.application_id != APPLICATION_ID or meta.get("application") != APPLICATION:
+        raise StoreSchemaError(
+            f"cannot open SQLite store {str(path)!r}: it is another application's SQLite "
+            f"database (tables: {', '.join(sorted(found.tables)) or 'none'}); point the store "
+            "at a new file (this one was left unchanged)", details=details)
+    try:
+        version = int(meta.get("schema_version", ""))
+    except ValueError:
+        version = -1
+    if version > SCHEMA_VERSION:
+        raise StoreSchemaError(
+            f"cannot open SQLite store {str(path)!r}: it was written with store schema "
+            f"version {version}, newer than this agentium-graph-sqlite supports "
+            f"({SCHEMA_VERSION}); upgrade agentium-graph-sqlite to open it (the file was left "
+            "unchanged)", details={**details, "schema_version": version,
+                                   "supported": SCHEMA_VERSION})
+    if version < 1 or not found.tables >= OUR_TABLES:
+        raise StoreSchemaError(
+            f"cannot open SQLite store {str(path)!r}: its agentium-graph-sqlite metadata is "
+            f"damaged (schema version {meta.get('schema_version')!r}, missing tables: "
+            f"{', '.join(sorted(OUR_TABLES - found.tables)) or 'none'}); restore it from a "
+            "backup or use a new file", details=details)
+    return True
+
+
+def _prepare(conn: sqlite3.Connection, settings: Settings) -> None:
+    # Validate again on the read-write connection: the file may have been created or
+    # replaced since the probe (another process racing us to create it).
+    if _verify(_inspect(conn), settings.path):
+        _configure(conn, settings)
+        return
+    _configure(conn, settings)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if not _verify(_inspect(conn), settings.path):
+            for statement in _DDL:
+                conn.execute(statement)
+            conn.executemany("INSERT OR IGNORE INTO meta (name, value) VALUES (?, ?)",
+                             [("application", APPLICATION),
+                              ("schema_version", str(SCHEMA_VERSION))])
+            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _configure(conn: sqlite3.Connection, settings: Settings) -> None:
+    mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+    if str(mode).lower() != "wal":
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise StoreError(
+                f"SQLite store {str(settings.path)!r}: could not switch to WAL mode (got "
+                f"{mode!r}); use a local filesystem that supports shared memory",
+                details={"path": str(settings.path)})
+    conn.execute(f"PRAGMA synchronous = {settings.synchronous}")
+    conn.execute(f"PRAGMA busy_timeout = {int(settings.busy_timeout_s * 1000)}")

@@ -1,0 +1,300 @@
+"""SQLiteDurableTaskStore: the async facade over one connection owned by one worker thread."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Literal, TypeVar
+
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+
+from agentium_graph.errors import ConfigurationError, StoreError
+from agentium_graph.store._protocol import DurableTaskStore
+from agentium_graph.store._records import JournalEntry, TaskHeader, TaskIdentity, TaskSnapshot
+from agentium_graph.store._requests import (
+    AcquireLeaseRequest,
+    CancelTaskRequest,
+    CommitRequest,
+    CommitResult,
+    CreateTaskRequest,
+    CreateTaskResult,
+    LeaseGrant,
+    LeaseStatus,
+    ListTasksRequest,
+    ReleaseLeaseRequest,
+    RenewLeaseRequest,
+    StoreCapabilities,
+    TimelineRequest,
+)
+from agentium_graph_sqlite import _ops
+from agentium_graph_sqlite._errors import BusyError, busy_exhausted, mapped_errors
+from agentium_graph_sqlite._schema import Settings, open_database
+
+T = TypeVar("T")
+Synchronous = Literal["FULL", "NORMAL"]
+
+
+@dataclass(frozen=True, slots=True)
+class SQLiteStoreStats:
+    """Counters since the store was constructed; subtract two snapshots to measure a span.
+
+    ``commits``: committed write transactions (each one durable commit: one WAL fsync at
+    ``synchronous="FULL"``). ``bytes_written``: UTF-8 payload bytes of the records and blobs
+    those transactions wrote (JSON text, not SQLite page I/O). ``reads``: read operations.
+    ``busy_retries``: attempts repeated because another connection held the lock.
+    """
+
+    commits: int = 0
+    bytes_written: int = 0
+    reads: int = 0
+    busy_retries: int = 0
+
+    def __sub__(self, other: SQLiteStoreStats) -> SQLiteStoreStats:
+        return SQLiteStoreStats(self.commits - other.commits,
+                                self.bytes_written - other.bytes_written,
+                                self.reads - other.reads,
+                                self.busy_retries - other.busy_retries)
+
+
+class SQLiteDurableTaskStore:
+    """A durable task store in one SQLite file (WAL mode); safe for several processes.
+
+    ``path``: the database file. Its directory must exist; the file is created on first
+    use. Constructing the store does no I/O: the first operation opens the file, refuses
+    anything that is not an agentium-graph-sqlite database (a foreign or corrupt SQLite
+    file, a non-SQLite file, a file written by a newer schema, a read-only file) with a
+    typed :class:`~agentium_graph.StoreError` *without modifying it*, and creates the
+    tables idempotently.
+
+    ``synchronous``:
+
+    * ``"FULL"`` (default): every acknowledged commit is fsynced to the WAL before the call
+      returns, so it survives a process crash *and* a power loss or OS crash.
+    * ``"NORMAL"``: commits are fsynced only at WAL checkpoints. Faster (no fsync per
+      commit). An acknowledged commit still survives a process crash or SIGKILL, but a
+      **power loss or OS crash can lose the most recent acknowledged commits** (the
+      database stays consistent; it rolls back to an earlier commit). After such a loss a
+      worker may redo work it had already reported done, including effects whose receipts
+      were lost; use it only where that is acceptable.
+
+    ``busy_timeout_s``: how long one attempt waits for another connection's write lock.
+    ``busy_retries``: how many times a transaction that still found the database locked is
+    retried (with jittered exponential backoff up to ``retry_max_wait_s``); when they run
+    out the operation raises :class:`~agentium_graph.StoreUnavailableError`, nothing was
+    written and the task stays recoverable.
+
+    Every mutating operation is one ``BEGIN IMMEDIATE`` transaction applying the shared
+    state machine (:mod:`agentium_graph.store`), so fencing holds across processes. All
+    sqlite3 calls run on one dedicated worker thread per store that owns the connection;
+    the event loop never blocks on the database. ``stats`` counts durable commits and
+    bytes written. Close with ``await store.close()`` or use ``async with``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, synchronous: Synchronous = "FULL",
+                 busy_timeout_s: float = 5.0, busy_retries: int = 4,
+                 retry_max_wait_s: float = 0.5) -> None:
+        text = os.fspath(path)
+        if not isinstance(text, str) or not text or text == ":memory:" or \
+                text.startswith("file:"):
+            raise ConfigurationError(
+                f"SQLiteDurableTaskStore needs a filesystem path, got {text!r}; for a "
+                "process-local store use InMemoryDurableTaskStore()")
+        if "://" in text:
+            raise ConfigurationError(
+                f"SQLiteDurableTaskStore needs a filesystem path, got the URI {text!r}; pass "
+                f"the path part (for sqlite:///data/tasks.db pass 'data/tasks.db')")
+        sync = str(synchronous).upper()
+        if sync not in ("FULL", "NORMAL"):
+            raise ConfigurationError(
+                f"synchronous must be 'FULL' (default, survives power loss) or 'NORMAL', "
+                f"got {synchronous!r}")
+        if not busy_timeout_s > 0 or busy_retries < 0 or not retry_max_wait_s > 0:
+            raise ConfigurationError("busy_timeout_s and retry_max_wait_s must be positive "
+                                     "and busy_retries must be >= 0")
+        self._settings = Settings(path=Path(text).absolute(), synchronous=sync,
+                                  busy_timeout_s=float(busy_timeout_s))
+        self._busy_retries = busy_retries
+        self._retry_max_wait_s = retry_max_wait_s
+        self._capabilities = StoreCapabilities(durable=True, multi_process=True,
+                                               name="sqlite")
+        self._executor: ThreadPoolExecutor | None = None
+        self._executor_lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None  # touched only on the worker thread
+        self._closed = False
+        self._stats = SQLiteStoreStats()
+
+    # --- properties ---------------------------------------------------------------------
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        return self._capabilities
+
+    @property
+    def path(self) -> Path:
+        return self._settings.path
+
+    @property
+    def synchronous(self) -> Synchronous:
+        return "FULL" if self._settings.synchronous == "FULL" else "NORMAL"
+
+    @property
+    def stats(self) -> SQLiteStoreStats:
+        """A snapshot of the store's counters (see :class:`SQLiteStoreStats`)."""
+        return self._stats
+
+    def __repr__(self) -> str:
+        return (f"SQLiteDurableTaskStore({str(self.path)!r}, "
+                f"synchronous={self._settings.synchronous!r})")
+
+    # --- plumbing -----------------------------------------------------------------------
+    def _worker(self) -> ThreadPoolExecutor:
+        if self._closed:
+            raise StoreError(f"SQLite store {str(self.path)!r} is closed; create a new "
+                             "SQLiteDurableTaskStore to use the file again",
+                             details={"path": str(self.path)})
+        with self._executor_lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1,
+                                                    thread_name_prefix="agentium-sqlite")
+            return self._executor
+
+    def _connection(self) -> sqlite3.Connection:
+        # Worker thread only. A failed open is not cached: the next operation tries again.
+        if self._conn is None:
+            self._conn = open_database(self._settings)
+        return self._conn
+
+    def _call(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        with mapped_errors(self.path, op):
+            return fn(self._connection())
+
+    async def _submit(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` on the worker thread, retrying only SQLITE_BUSY/LOCKED (bounded)."""
+        executor = self._worker()
+        loop = asyncio.get_running_loop()
+        attempts = self._busy_retries + 1
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(attempts),
+            wait=wait_random_exponential(multiplier=0.005, max=self._retry_max_wait_s),
+            retry=retry_if_exception_type(BusyError), reraise=True)
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    if attempt.retry_state.attempt_number > 1:
+                        self._bump(busy_retries=1)
+                    return await loop.run_in_executor(
+                        executor, functools.partial(self._call, op, fn))
+        except BusyError as exc:
+            raise busy_exhausted(exc, self.path, op, attempts,
+                                 self._settings.busy_timeout_s) from exc
+        raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
+
+    async def _write(self, op: str,
+                     fn: Callable[[sqlite3.Connection], _ops.Outcome[T]]) -> T:
+        outcome = await self._submit(op, fn)
+        if outcome.wrote:
+            self._bump(commits=1, bytes_written=outcome.bytes)
+        return outcome.result
+
+    async def _read(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        result = await self._submit(op, fn)
+        self._bump(reads=1)
+        return result
+
+    def _bump(self, commits: int = 0, bytes_written: int = 0, reads: int = 0,
+              busy_retries: int = 0) -> None:
+        s = self._stats
+        self._stats = SQLiteStoreStats(s.commits + commits, s.bytes_written + bytes_written,
+                                       s.reads + reads, s.busy_retries + busy_retries)
+
+    # --- DurableTaskStore -----------------------------------------------------------------
+    async def create_task(self, request: CreateTaskRequest) -> CreateTaskResult:
+        return await self._write("create_task",
+                                 functools.partial(_ops.create_task, request=request))
+
+    async def get_header(self, key: str) -> TaskHeader | None:
+        return await self._read("get_header", functools.partial(_ops.get_header, key=key))
+
+    async def get_task(self, key: str) -> TaskSnapshot | None:
+        return await self._read("get_task", functools.partial(_ops.get_task, key=key))
+
+    async def get_identity(self, key: str) -> TaskIdentity | None:
+        return await self._read("get_identity",
+                                functools.partial(_ops.get_identity, key=key))
+
+    async def list_tasks(self, request: ListTasksRequest) -> list[TaskHeader]:
+        return await self._read("list_tasks",
+                                functools.partial(_ops.list_tasks, request=request))
+
+    async def acquire_lease(self, request: AcquireLeaseRequest) -> LeaseGrant:
+        return await self._write("acquire_lease",
+                                 functools.partial(_ops.acquire, request=request))
+
+    async def renew_lease(self, request: RenewLeaseRequest) -> LeaseStatus:
+        return await self._write("renew_lease", functools.partial(_ops.renew, request=request))
+
+    async def release_lease(self, request: ReleaseLeaseRequest) -> TaskHeader:
+        return await self._write("release_lease",
+                                 functools.partial(_ops.release, request=request))
+
+    async def request_cancel(self, request: CancelTaskRequest) -> TaskHeader:
+        return await self._write("request_cancel",
+                                 functools.partial(_ops.cancel, request=request))
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        return await self._write("commit", functools.partial(_ops.commit, request=request))
+
+    async def get_blobs(self, digests: Sequence[str]) -> dict[str, str]:
+        if not digests:
+            return {}
+        return await self._read("get_blobs",
+                                functools.partial(_ops.get_blobs, digests=list(digests)))
+
+    async def read_timeline(self, request: TimelineRequest) -> list[JournalEntry]:
+        return await self._read("read_timeline",
+                                functools.partial(_ops.read_timeline, request=request))
+
+    async def close(self) -> None:
+        """Close the connection and stop the worker thread; closing twice is a no-op."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._executor_lock:
+            executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(executor, self._close_connection)
+        finally:
+            executor.shutdown(wait=False)
+
+    def _close_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with mapped_errors(self.path, "close"):
+                conn.close()
+
+    async def __aenter__(self) -> SQLiteDurableTaskStore:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+
+if TYPE_CHECKING:
+    # The store fits the protocol: checked by mypy --strict, no runtime_checkable needed.
+    _fits: DurableTaskStore = SQLiteDurableTaskStore("tasks.db")
