@@ -325,7 +325,7 @@ def _counters_table(counters: dict[str, int], limits: dict[str, int | None]) -> 
 def _nodes_table(nodes: Iterable[NodeView]) -> Table:
     return _table(
         "nodes",
-        [("node", "id"), ("state", "fixed"), ("binding", "id"), ("attempts", "fixed"),
+        [("node", "id"), ("state", "fixed"), ("binding", "id"), ("attempts", "id"),
          ("output", "fixed"), ("error", "text")],
         [[Text(node.node_id), _state(node.state), Text(f"{node.binding}@{node.version}"),
           _attempts(node.attempts), Text(_short(node.output_digest)), _error(node.error)]
@@ -450,12 +450,16 @@ _state = _status
 def _table(title: str, columns: list[tuple[str, str]], rows: list[list[Text | str]]) -> Table:
     """A table whose columns are ``fixed`` (never wrap), ``num``, ``id`` or ``text``.
 
-    On a narrow terminal rich folds ``id`` and ``text`` columns rather than crop a cell.
+    On a narrow terminal rich folds ``text`` columns first; ``id`` columns (keys, node ids)
+    keep up to 16 characters on a line.
     """
     table = Table(title=Text(title), title_justify="left", box=box.SIMPLE_HEAD)
-    for name, kind in columns:
+    for index, (name, kind) in enumerate(columns):
+        widest = max([len(name), *(len(str(row[index])) for row in rows)])
         table.add_column(name, justify="right" if kind == "num" else "left",
-                         no_wrap=kind in ("fixed", "num"), overflow="fold")
+                         no_wrap=kind in ("fixed", "num"),
+                         overflow="fold" if kind == "text" else "ellipsis",
+                         min_width=min(widest, 16) if kind == "id" else None)
     for row in rows:
         table.add_row(*row)
     return table
