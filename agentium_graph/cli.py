@@ -253,7 +253,7 @@ def _render_list(console: Console, result: TaskList, status: str | None) -> None
 
 # --- inspect ------------------------------------------------------------------------------
 
-@cli.command("inspect")
+@cli.command("inspect", short_help="Show a task: status, lease, counters, nodes.")
 @click.argument("key")
 @json_option
 @click.pass_obj
@@ -304,7 +304,7 @@ def _render_view(console: Console, view: TaskView) -> None:
     for problem in view.problems:
         console.print(Text(f"  problem: {problem}", style="red"))
     console.print(_counters_table(view.counters, view.limits))
-    console.print(_nodes_table(view.nodes.values()))
+    console.print(_nodes_table(_plan_order(view.nodes)))
     if view.actions:
         console.print(_actions_table(view))
 
@@ -320,6 +320,21 @@ def _counters_table(counters: dict[str, int], limits: dict[str, int | None]) -> 
                      "-" if limit is None else str(limit)])
     return _table("counters (used / limit)",
                   [("counter", "fixed"), ("used", "num"), ("limit", "num")], rows)
+
+
+def _plan_order(nodes: dict[str, NodeView]) -> list[NodeView]:
+    """Nodes in dependency order (ties by id), the way the plan reads; cycles can't occur."""
+    done: set[str] = set()
+    ordered: list[NodeView] = []
+    remaining = sorted(nodes)
+    while remaining:
+        ready = [n for n in remaining
+                 if all(d in done or d not in nodes for d in nodes[n].deps)] or remaining[:1]
+        for node_id in ready:
+            done.add(node_id)
+            ordered.append(nodes[node_id])
+        remaining = [n for n in remaining if n not in done]
+    return ordered
 
 
 def _nodes_table(nodes: Iterable[NodeView]) -> Table:
@@ -343,7 +358,7 @@ def _actions_table(view: TaskView) -> Table:
 
 # --- cancel -------------------------------------------------------------------------------
 
-@cli.command("cancel")
+@cli.command("cancel", short_help="Request cancellation of a task.")
 @click.argument("key")
 @click.option("--reason", required=True, help="Why; recorded with the request.")
 @json_option
@@ -420,13 +435,17 @@ def timeline_command(config: CliConfig, key: str, limit: int, cursor: str | None
 
 
 def _render_timeline(console: Console, page: TimelinePage) -> None:
+    stamps = [_when(e.at, precise=True) for e in page.events]
+    days = {stamp[:10] for stamp in stamps}
+    # One day: its date goes in the title and the data column keeps the width.
+    on = f" on {days.pop()}" if len(days) == 1 else ""
     console.print(_table(
-        f"timeline of {page.key}: {len(page.events)} of {page.total} event(s)",
-        [("seq", "num"), ("at", "text"), ("kind", "fixed"), ("node", "id"), ("fence", "num"),
+        f"timeline of {page.key}: {len(page.events)} of {page.total} event(s){on} (UTC)",
+        [("seq", "num"), ("at", "fixed"), ("kind", "fixed"), ("node", "id"), ("fence", "num"),
          ("data", "text")],
-        [[str(e.seq), _when(e.at, precise=True), Text(e.kind), Text(e.node_id or "-"),
+        [[str(e.seq), stamp[11:] if on else stamp, Text(e.kind), Text(e.node_id or "-"),
           "-" if e.fence is None else str(e.fence), Text(_compact(e.data))]
-         for e in page.events]))
+         for e, stamp in zip(page.events, stamps, strict=True)]))
     if page.next_cursor is not None:
         click.echo(f"more: agentium-graph timeline {page.key} --cursor {page.next_cursor}")
 
