@@ -182,7 +182,7 @@ def test_json_path_rendering() -> None:
 
 
 def test_json_copy_shares_nothing() -> None:
-    original = {"a": [{"b": 1}], "t": (1, 2)}
+    original: dict[str, Any] = {"a": [{"b": 1}], "t": (1, 2)}
     copied = json_copy(original)
     assert copied == {"a": [{"b": 1}], "t": [1, 2]}
     copied["a"][0]["b"] = 2

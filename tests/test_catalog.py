@@ -117,7 +117,7 @@ def test_connector_must_implement_protocol(missing: str) -> None:
 
 def test_unknown_recovery_value_rejected() -> None:
     with pytest.raises(ConfigurationError, match="recovery"):
-        ToolBinding(id="t", version="1", recovery="retry", execute=echo)  # type: ignore[arg-type]
+        ToolBinding(id="t", version="1", recovery="retry", execute=echo)
 
 
 def test_connector_descriptor() -> None:
@@ -135,7 +135,8 @@ def test_binding_id_format(bad_id: str) -> None:
 
 def test_unknown_binding_option_rejected() -> None:
     with pytest.raises(ConfigurationError, match="retries"):
-        ToolBinding(id="t", version="1", recovery="pure", execute=echo, retries=3)
+        ToolBinding(id="t", version="1", recovery="pure", execute=echo,
+                    retries=3)  # type: ignore[call-arg]
 
 
 # --- schemas ----------------------------------------------------------------------------
@@ -143,8 +144,9 @@ def test_unknown_binding_option_rejected() -> None:
 @pytest.mark.parametrize("field", ["input_schema", "output_schema"])
 def test_invalid_json_schema_names_binding_and_location(field: str) -> None:
     with pytest.raises(ConfigurationError) as info:
-        pure(id="lookup", **{field: {"type": "object",
-                                     "properties": {"a": {"type": "strin"}}}})
+        kw: dict[str, Any] = {field: {"type": "object",
+                                      "properties": {"a": {"type": "strin"}}}}
+        pure(id="lookup", **kw)
     msg = str(info.value)
     assert f"binding 'lookup' {field} is not a valid JSON Schema" in msg
     assert "schema.properties.a.type" in msg
@@ -162,7 +164,7 @@ def test_non_json_schema_rejected() -> None:
 
 def test_schema_must_be_object() -> None:
     with pytest.raises(ConfigurationError, match="input_schema"):
-        pure(input_schema="string")  # type: ignore[arg-type]
+        pure(input_schema="string")
 
 
 def test_schema_draft_follows_dollar_schema() -> None:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # the catalog imports this module lazily, so only type-check 
 PLAN_SCHEMA_VERSION = 1
 
 # ``$(?!\n)``: Python's ``$`` also matches before a trailing newline; ECMA regexes ignore it.
-_ID = {"type": "string", "minLength": 1, "maxLength": 200,
+_ID = {"type": "string", "maxLength": 200,
        "pattern": r"^[A-Za-z0-9_.\-]+$(?!\n)"}
 PLAN_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -190,6 +190,8 @@ def schema_at(schema: Any, path: Sequence[str | int]) -> tuple[bool, str]:
                 current = prefix[part]
             else:
                 current = current.get("items", {})
+    if current is False:
+        return False, f"{json_path(path, 'output')} cannot exist (its schema is false)"
     return True, ""
 
 
@@ -328,7 +330,7 @@ def validate_plan(
     compiled = {
         nid: CompiledNode(
             id=nid, binding=bindings[nid], args=nodes[ids[nid]].get("args", {}),
-            deps=tuple(sorted(deps[nid], key=ids.__getitem__)), refs=tuple(refs[nid]),
+            deps=tuple(sorted(deps[nid])), refs=tuple(refs[nid]),
             depth=depth_offset + depth_of[nid])
         for nid in order
     }
