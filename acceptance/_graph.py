@@ -75,7 +75,7 @@ def catalog(log: CallLog, kill_in_tool: str | None = None,
     all_running = asyncio.Event()
 
     def maybe_die(node: str) -> None:
-        if kill_in_tool == node and tool_context().attempt == 1:
+        if kill_in_tool == node:
             os.kill(os.getpid(), signal.SIGKILL)
 
     async def step(args: dict[str, Any]) -> dict[str, Any]:

@@ -554,3 +554,10 @@ def _short(value: str | None) -> str:
         return "-"
     match = _HEX_ID.match(value)
     return f"{match[1]}{match[2][:_DIGEST_CHARS]}…" if match else value
+
+
+# --- demo -----------------------------------------------------------------------------------
+
+from agentium_graph.demo._command import demo_command  # noqa: E402  (registered last)
+
+cli.add_command(demo_command)

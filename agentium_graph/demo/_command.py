@@ -19,5 +19,5 @@ def demo_command(uri: str | None, kill_after: int, delay: float) -> None:
     """Run the order pipeline, SIGKILL its worker mid-graph, recover in a fresh process."""
     from agentium_graph.demo._demo import run_demo
 
-    code = asyncio.run(run_demo(uri, kill_after, delay, Console()))
+    code = asyncio.run(run_demo(uri, kill_after, delay, Console(width=120)))
     raise SystemExit(code)

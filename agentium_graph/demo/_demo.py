@@ -112,26 +112,25 @@ async def run_demo(uri: str | None, kill_after: int, delay: float,
 
 def _report(console: Console, crashed: TaskView, final: TaskView,
             calls: list[dict[str, Any]]) -> None:
-    table = Table(title="per-node report")
-    for col in ("node", "binding", "at crash", "final", "attempts (fence:outcome)",
-                "executions", "recovery"):
-        table.add_column(col)
-    for node_id, node in final.nodes.items():
-        before = crashed.nodes[node_id]
-        executions = sum(1 for c in calls if c["node"] == node_id)
+    table = Table(title="per-node report (runs = tool executions across both processes)")
+    for col in ("node", "at crash", "final", "attempts fence:outcome", "runs", "recovery"):
+        table.add_column(col, no_wrap=True)
+    order = [n["id"] for n in (build_program().plan or {}).get("nodes", [])]
+    for node_id in order:
+        node, before = final.nodes[node_id], crashed.nodes[node_id]
+        runs = sum(1 for c in calls if c["node"] == node_id)
         if before.state == "completed":
-            how = "[green]reused[/] (completed before the crash)"
+            how = "[green]reused[/]"
         elif any(a.outcome == "interrupted" for a in node.attempts):
-            how = "[yellow]restarted[/] (interrupted attempt, newer fence)"
+            how = "[yellow]restarted under a newer fence[/]"
         else:
-            how = "ran after recovery"
-        attempts = ", ".join(f"{a.fence}:{a.outcome}" for a in node.attempts)
-        table.add_row(node_id, f"{node.binding}@{node.version}", before.state, node.state,
-                      attempts, str(executions), how)
+            how = "first run, after recovery"
+        attempts = " ".join(f"{a.fence}:{a.outcome}" for a in node.attempts)
+        table.add_row(node_id, before.state, node.state, attempts, str(runs), how)
     console.print(table)
-    counters = Table(title="root counters (persisted before dispatch, never refunded)")
+    counters = Table(title="root counters (charged before dispatch, never refunded)")
     for col in ("counter", "at crash", "final", "limit"):
-        counters.add_column(col)
+        counters.add_column(col, no_wrap=True)
     for name in ("expanded_nodes", "work_attempts", "tool_calls", "plan_revisions"):
         limit = final.limits.get(name)
         counters.add_row(name, str(crashed.counters[name]), str(final.counters[name]),
