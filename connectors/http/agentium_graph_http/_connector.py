@@ -13,7 +13,13 @@ from typing import Any, Literal, NoReturn
 import httpx
 from pydantic import ValidationError
 
-from agentium_graph.connectors import Absent, ActionOutcome, ActionRequest, Unknown
+from agentium_graph.connectors import (
+    Absent,
+    ActionOutcome,
+    ActionRequest,
+    DurableActionConnector,
+    Unknown,
+)
 from agentium_graph.errors import ConfigurationError, config_error
 from agentium_graph_http._config import HttpConnectorConfig, valid_key
 from agentium_graph_http._errors import (
@@ -271,3 +277,7 @@ def _parse_json(content: bytes) -> Any:
         return json.loads(content, parse_constant=_reject_constant)
     except RecursionError:
         raise ValueError("the JSON is nested too deeply") from None
+
+
+def _fits_the_protocol(connector: HttpActionConnector) -> DurableActionConnector:
+    return connector  # mypy --strict proves the fit; there is no runtime_checkable here

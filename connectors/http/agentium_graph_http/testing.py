@@ -427,6 +427,7 @@ def _error(code: str, message: str) -> dict[str, Any]:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = False  # server_close() joins every handler thread
+    request_queue_size = 128
     block_on_close = True
     app: IdempotentTestServer
 
@@ -439,6 +440,7 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = 30  # idle keep-alive connections end on their own
+    disable_nagle_algorithm = True  # headers and body go out as separate writes
     server: _Server
 
     def setup(self) -> None:
