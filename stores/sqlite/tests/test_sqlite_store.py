@@ -6,9 +6,11 @@ import asyncio
 import sqlite3
 import sys
 from pathlib import Path
+from typing import Any, Literal
 
 import pytest
 from agentium_graph_sqlite import SQLiteDurableTaskStore
+from agentium_graph_sqlite._schema import Settings, open_database
 from sqlite_helpers import acquire_request, at, commit_request, create_request
 
 from agentium_graph._canonical import digest_text
@@ -340,17 +342,22 @@ async def test_sqlite_calls_never_run_on_the_event_loop_thread(
     offending: list[str] = []
 
     class Checked(sqlite3.Connection):
-        def execute(self, sql: str, *args: object) -> sqlite3.Cursor:  # type: ignore[override]
+        def execute(self, *args: Any) -> Any:
             if threading.get_ident() == loop_thread:
-                offending.append(sql)
-            return super().execute(sql, *args)  # type: ignore[arg-type]
+                offending.append(str(args[0]))
+            return super().execute(*args)
 
-    real_connect = sqlite3.connect
+        def executemany(self, *args: Any) -> Any:
+            if threading.get_ident() == loop_thread:
+                offending.append(str(args[0]))
+            return super().executemany(*args)
 
-    def connect(*args: object, **kwargs: object) -> sqlite3.Connection:
+    real_connect: Any = sqlite3.connect
+
+    def connect(*args: Any, **kwargs: Any) -> Any:
         if threading.get_ident() == loop_thread:
             offending.append("connect")
-        return real_connect(*args, factory=Checked, **kwargs)  # type: ignore[arg-type,misc]
+        return real_connect(*args, factory=Checked, **kwargs)
 
     monkeypatch.setattr("agentium_graph_sqlite._schema.sqlite3.connect", connect)
     async with SQLiteDurableTaskStore(db_path) as store:
@@ -360,3 +367,23 @@ async def test_sqlite_calls_never_run_on_the_event_loop_thread(
         await store.get_task("k")
         await store.list_tasks(ListTasksRequest())
     assert offending == []
+
+
+@pytest.mark.parametrize(("synchronous", "level"), [("FULL", 2), ("NORMAL", 1)])
+async def test_synchronous_setting_reaches_the_connection(
+        db_path: Path, synchronous: Literal["FULL", "NORMAL"], level: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[object] = []
+
+    def spying_open(settings: Settings) -> sqlite3.Connection:
+        conn = open_database(settings)
+        seen.append(conn.execute("PRAGMA synchronous").fetchone()[0])
+        seen.append(conn.execute("PRAGMA journal_mode").fetchone()[0])
+        return conn
+
+    monkeypatch.setattr("agentium_graph_sqlite._store.open_database", spying_open)
+    async with SQLiteDurableTaskStore(db_path, synchronous=synchronous) as store:
+        await store.create_task(create_request("k"))
+    async with SQLiteDurableTaskStore(db_path, synchronous=synchronous) as store:
+        assert await store.get_header("k") is not None
+    assert seen == [level, "wal", level, "wal"]
