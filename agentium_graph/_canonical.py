@@ -49,58 +49,80 @@ def json_path(parts: Iterable[str | int], root: str = "$") -> str:
     return out
 
 
-def _check_text(text: str, where: str) -> None:
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise NotJSONError(where, "string holds an unpaired surrogate, which is not "
-                                      "valid Unicode") from None
+_Link = tuple[Any, str | int] | None  # (parent link, key): a path built only on error
+
+
+def _where(root: str, link: _Link) -> str:
+    parts: list[str | int] = []
+    while link is not None:
+        link, key = link
+        parts.append(key)
+    return json_path(reversed(parts), root)
+
+
+def _check_text(text: str, root: str, link: _Link) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise NotJSONError(_where(root, link), "string holds an unpaired surrogate, which "
+                                               "is not valid Unicode") from None
+
+
+def _check_scalar(item: Any, root: str, link: _Link) -> None:
+    if item is None or isinstance(item, bool | int):
+        return
+    if isinstance(item, str):
+        if not item.isascii():
+            _check_text(item, root, link)
+    elif isinstance(item, float):
+        if not math.isfinite(item):
+            raise NotJSONError(_where(root, link), "NaN and infinities are not JSON")
+    else:
+        raise NotJSONError(_where(root, link), f"{type(item).__name__} is not a JSON type")
 
 
 _EXIT = object()
 
 
 def check_json(value: Any, path: str = "$") -> None:
-    """Raise :class:`NotJSONError` unless ``value`` is plain JSON data.
+    """Raise :class:`NotJSONError` (with the offending path) unless ``value`` is plain JSON.
 
     Rejects non-string object keys (``json`` would silently turn ``1`` into ``"1"``),
     NaN and infinities, unpaired surrogates, circular containers and non-JSON types.
-    Tuples are accepted and encode as arrays.
+    Tuples are accepted and encode as arrays. One problem is reported, not all.
     """
-    stack: list[tuple[Any, Any]] = [(value, path)]
+    # Iterative (deep data must not hit the recursion limit); plain leaves are checked
+    # inline and paths are only built for an error, so valid data costs one cheap pass.
+    stack: list[tuple[Any, Any]] = [(value, None)]
     active: set[int] = set()  # containers on the current path, to detect cycles
     while stack:
-        item, where = stack.pop()
+        item, link = stack.pop()
         if item is _EXIT:
-            active.discard(where)
+            active.discard(link)
             continue
-        if item is None or isinstance(item, bool | int):
+        is_dict = isinstance(item, dict)
+        if not is_dict and not isinstance(item, list | tuple):
+            _check_scalar(item, path, link)
             continue
-        if isinstance(item, str):
-            _check_text(item, where)
-            continue
-        if isinstance(item, float):
-            if not math.isfinite(item):
-                raise NotJSONError(where, "NaN and infinities are not JSON")
-            continue
-        if not isinstance(item, dict | list | tuple):
-            raise NotJSONError(where, f"{type(item).__name__} is not a JSON type")
         ident = id(item)
         if ident in active:
-            raise NotJSONError(where, "circular reference")
+            raise NotJSONError(_where(path, link), "circular reference")
         active.add(ident)
         stack.append((_EXIT, ident))
-        if isinstance(item, dict):
-            children: list[tuple[Any, str]] = []
-            for k, v in item.items():
-                if not isinstance(k, str):
-                    raise NotJSONError(where, f"object key {k!r} is not a string")
-                _check_text(k, where)
-                children.append((v, json_path((k,), where)))
-            stack.extend(reversed(children))
-        else:
-            stack.extend((item[i], f"{where}[{i}]") for i in range(len(item) - 1, -1, -1))
+        nested: list[tuple[Any, _Link]] = []
+        for key, child in (item.items() if is_dict else enumerate(item)):
+            if is_dict and (type(key) is not str or not key.isascii()):
+                if not isinstance(key, str):
+                    raise NotJSONError(_where(path, link),
+                                       f"object key {key!r} is not a string")
+                _check_text(key, path, link)
+            kind = type(child)
+            if kind is int or kind is bool or child is None or (kind is str and child.isascii()):
+                continue
+            if kind is float and math.isfinite(child):
+                continue
+            nested.append((child, (link, key)))
+        stack.extend(reversed(nested))
 
 
 def canonical_json(value: JSONValue) -> str:

@@ -162,7 +162,7 @@ def test_shared_but_acyclic_containers_are_fine() -> None:
     assert canonical_json([shared, shared, {"y": shared}]) == '[{"x":1},{"x":1},{"y":{"x":1}}]'
 
 
-def test_first_problem_in_document_order() -> None:
+def test_reports_a_problem_with_its_path() -> None:
     with pytest.raises(NotJSONError) as info:
         check_json({"a": [1, float("nan")], "b": object()})
     assert info.value.path == "$.a[1]"

@@ -16,6 +16,7 @@ from agentium_graph import (
     ToolBinding,
 )
 from agentium_graph.plan import PLAN_SCHEMA, CompiledPlan, Ref, resolve_args, validate_plan
+from agentium_graph.plan._validate import _PLAN_VALIDATOR, _shape_ok
 
 LIMITS = PlanLimits()
 OUT = {
@@ -521,7 +522,7 @@ def test_unsupported_schema_version() -> None:
         ("unsupported_schema_version", "$.schemaVersion", None)]
 
 
-@pytest.mark.parametrize(("p", "expected"), [
+SHAPE_CASES: list[tuple[Any, list[tuple[str, str, str | None]]]] = [
     ({"schemaVersion": 1, "revision": 1}, [("plan_shape", "$", None)]),
     ({"schemaVersion": 1, "revision": 1, "nodes": [], "extra": 1}, [("plan_shape", "$", None)]),
     ([], [("plan_shape", "$", None)]),
@@ -544,13 +545,32 @@ def test_unsupported_schema_version() -> None:
     (plan(node("")), [("plan_shape", "$.nodes[0].id", "")]),
     (plan({"id": 5, "binding": "any", "version": "1"}), [("plan_shape", "$.nodes[0].id", None)]),
     (plan(node("a", version=1)), [("plan_shape", "$.nodes[0].version", "a")]),
-], ids=["missing-nodes", "extra-key", "list", "string", "revision-str", "revision-zero",
+]
+SHAPE_IDS = ["missing-nodes", "extra-key", "list", "string", "revision-str", "revision-zero",
         "revision-float", "schema-version-bool", "concurrency-zero", "concurrency-float",
         "nodes-object", "node-string", "node-missing-version", "node-extra-key",
         "depends-on-string", "inputs-from-int", "args-list", "id-space", "id-newline",
-        "id-empty", "id-int", "version-int"])
+        "id-empty", "id-int", "version-int"]
+
+
+@pytest.mark.parametrize(("p", "expected"), SHAPE_CASES, ids=SHAPE_IDS)
 def test_plan_shape(p: Any, expected: list[tuple[str, str, str | None]]) -> None:
     assert problems(p) == expected
+
+
+@pytest.mark.parametrize("p", [
+    *(case for case, _ in SHAPE_CASES),
+    plan(), plan(node("a")), plan(node("a", args={}, dependsOn=[], inputsFrom=[]),
+                                  maxConcurrency=1),
+    plan(node("a.b-c_9" + "x" * 193)), plan(node("x" * 201)), plan(node("a", binding="")),
+    plan(node("a", version="")), plan(node("a", args=None)),
+    {"schemaVersion": 1, "revision": 1, "nodes": [], "maxConcurrency": True},
+    {"schemaVersion": 1, "revision": True, "nodes": []},
+    {"schemaVersion": 1.5, "revision": 1, "nodes": []},
+])
+def test_fast_shape_check_agrees_with_plan_schema(p: Any) -> None:
+    # The fast path may only skip jsonschema when the schema would accept the plan.
+    assert _shape_ok(p) == (not list(_PLAN_VALIDATOR.iter_errors(p)))
 
 
 def test_shape_errors_do_not_hide_other_problems() -> None:
