@@ -1,0 +1,39 @@
+"""Examples are run by a test so they never rot."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("script, expect", [
+    ("examples/quickstart.py", "sum of 100 EUR in four currencies: 16409.0"),
+    ("examples/order_pipeline.py", "order ord-1042: partial_shipment"),
+])
+def test_example_runs(script: str, expect: str, tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, script], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert expect in proc.stdout
+
+
+def test_demo_crashes_and_recovers_without_rerunning_completed_nodes(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'demo.db'}"
+    proc = subprocess.run([sys.executable, "-m", "agentium_graph", "demo", "--store", store,
+                           "--delay", "0.1"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "SIGKILL sent to worker" in out
+    assert "no completed node re-ran: yes; data verified: True" in out
+    assert "reused" in out
+    inspect = subprocess.run([sys.executable, "-m", "agentium_graph", "--store", store,
+                              "inspect", "order-review:ord-1042", "--json"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+    assert inspect.returncode == 0, inspect.stderr
+    assert '"status": "completed"' in inspect.stdout
