@@ -87,16 +87,19 @@ def make_create_request(key: str, *, nodes: int = 3,
                         deps: Literal["chain", "none"] = "chain", input: Any = None,
                         program_version: str = "1", policy_revision: str = "policy-1",
                         grants: tuple[str, ...] | None = None, now: datetime = T0,
+                        deadline: datetime | None = None,
                         blobs: Mapping[str, str] | None = None) -> CreateTaskRequest:
     """A valid :class:`CreateTaskRequest` like the runtime's ``create()`` builds.
 
     ``nodes`` pending nodes ``n0..n{nodes-1}`` (a chain ``n0 -> n1 -> ...`` unless
     ``deps="none"``); every counter limit is unlimited unless given in ``limits``.
     Requests built with the same arguments have the same identity digest; changing
-    ``input``, ``program_version``, ``policy_revision`` or ``grants`` changes it.
+    ``input``, ``program_version``, ``policy_revision``, ``grants`` or ``deadline``
+    changes it.
     """
     identity = make_identity(key, nodes=nodes, input=input, program_version=program_version,
-                             policy_revision=policy_revision, grants=grants)
+                             policy_revision=policy_revision, grants=grants,
+                             deadline=deadline)
     counters = dict.fromkeys(COUNTERS, 0)
     counters["expanded_nodes"] = nodes
     counters["plan_revisions"] = 1
@@ -104,7 +107,8 @@ def make_create_request(key: str, *, nodes: int = 3,
     all_limits.update(limits or {})
     header = TaskHeader(
         key=key, task_id=task_id(key), identity_digest=digest(identity.model_dump(mode="json")),
-        created_at=now, updated_at=now, counters=counters, limits=all_limits, journal_seq=1)
+        created_at=now, updated_at=now, counters=counters, limits=all_limits, journal_seq=1,
+        deadline=deadline)
     records = tuple(
         node_record(key, node_id(i),
                     deps=(node_id(i - 1),) if deps == "chain" and i else ())

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from agentium_graph.testing._suite_admission import AdmissionTests
-from agentium_graph.testing._suite_durable import DurabilityTests, HandleTests, MultiProcessTests
+from agentium_graph.testing._suite_durable import (
+    DurabilityTests,
+    HandleTests,
+    LifecycleTests,
+    MultiProcessTests,
+)
 from agentium_graph.testing._suite_journal import JournalTests
 from agentium_graph.testing._suite_lease import CancelTests, LeaseTests
 from agentium_graph.testing._suite_nodes import NodeTests
@@ -23,6 +28,7 @@ class StoreConformanceSuite(
     StatusTests,
     AdmissionTests,
     JournalTests,
+    LifecycleTests,
     HandleTests,
     DurabilityTests,
     MultiProcessTests,

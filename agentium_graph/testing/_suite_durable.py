@@ -13,7 +13,7 @@ import json
 import os
 import sys
 from collections import Counter
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -31,6 +31,7 @@ from agentium_graph.store._requests import (
     SetStatus,
     SettleNode,
     StartAttempt,
+    StoreCapabilities,
 )
 from agentium_graph.testing._base import (
     KEY,
@@ -79,6 +80,29 @@ class HandleTests(SuiteBase):
         assert all(isinstance(r, int | LeaseHeldError) for r in results)
 
 
+class LifecycleTests(SuiteBase):
+    """Capabilities, construction without I/O, async context managers, idempotent close."""
+
+    async def test_capabilities_are_declared(self, store: DurableTaskStore) -> None:
+        capabilities = store.capabilities
+        assert isinstance(capabilities, StoreCapabilities)
+        assert capabilities.name
+        assert store.capabilities == capabilities
+
+    async def test_a_store_is_an_async_context_manager_with_idempotent_close(
+            self, harness: StoreHarness) -> None:
+        handle = await harness.open()
+        async with handle as entered:
+            assert await entered.get_header(KEY) is None
+            await self.create(entered)
+        await handle.close()  # closing twice is harmless (the harness closes it again)
+
+    async def test_the_factory_builds_a_store_without_using_it(
+            self, harness: StoreHarness) -> None:
+        unused = await open_from_factory(harness.factory, harness.factory_kwargs)
+        await unused.close()
+
+
 class DurabilityTests(SuiteBase):
     """Everything a durable store acknowledged is there after a reopen."""
 
@@ -93,7 +117,8 @@ class DurabilityTests(SuiteBase):
                      SettleNode(node_id="n0", state="completed", output_digest=texts[0][0]),
                      SetStatus(status="completed", release_lease=True), blobs=dict(texts[1:2]))
         fence = await self.leased(store, KEY, ttl=60, limits={"tool_calls": 5},
-                                  input={"deep": [1, {"x": "y"}]})
+                                  input={"deep": [1, {"x": "y"}]},
+                                  deadline=T0 + timedelta(hours=2))
         await commit(store, KEY, W1, fence, StartAttempt(
             node_id="n0", attempt_id="a0", admission_id="adm-0", charges={"tool_calls": 2}),
             RecordAction(action=action_record("act", "n0", fence=fence)),

@@ -38,7 +38,9 @@ class TaskTests(SuiteBase):
     """create_task, get_header/get_task/get_identity, get_blobs and list_tasks."""
 
     async def test_create_stores_exactly_what_was_requested(self, store: DurableTaskStore) -> None:
-        request = make_create_request(KEY, nodes=3)
+        request = make_create_request(KEY, nodes=3, input={"text": "ünïcode ✓", "n": [1.5]},
+                                      deadline=T0 + timedelta(days=1, microseconds=7),
+                                      grants=("a", "b"), limits={"tool_calls": 7})
         result = await store.create_task(request)
         assert result.created is True
         assert result.header == request.header
