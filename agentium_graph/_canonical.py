@@ -82,6 +82,7 @@ def _check_scalar(item: Any, root: str, link: _Link) -> None:
 
 
 _EXIT = object()
+MAX_NESTING = 200  # deeper data is rejected: encoders and validators recurse per level
 
 
 def check_json(value: Any, path: str = "$") -> None:
@@ -89,14 +90,15 @@ def check_json(value: Any, path: str = "$") -> None:
 
     Rejects non-string object keys (``json`` would silently turn ``1`` into ``"1"``),
     NaN and infinities, unpaired surrogates, circular containers and non-JSON types.
-    Tuples are accepted and encode as arrays. One problem is reported, not all.
+    Tuples are accepted and encode as arrays. Containers may nest at most
+    :data:`MAX_NESTING` levels. One problem is reported, not all.
     """
     # Iterative (deep data must not hit the recursion limit); plain leaves are checked
     # inline and paths are only built for an error, so valid data costs one cheap pass.
-    stack: list[tuple[Any, Any]] = [(value, None)]
+    stack: list[tuple[Any, Any, int]] = [(value, None, 0)]
     active: set[int] = set()  # containers on the current path, to detect cycles
     while stack:
-        item, link = stack.pop()
+        item, link, depth = stack.pop()
         if item is _EXIT:
             active.discard(link)
             continue
@@ -107,9 +109,11 @@ def check_json(value: Any, path: str = "$") -> None:
         ident = id(item)
         if ident in active:
             raise NotJSONError(_where(path, link), "circular reference")
+        if depth >= MAX_NESTING:
+            raise NotJSONError(_where(path, link), f"nested deeper than {MAX_NESTING} levels")
         active.add(ident)
-        stack.append((_EXIT, ident))
-        nested: list[tuple[Any, _Link]] = []
+        stack.append((_EXIT, ident, 0))
+        nested: list[tuple[Any, _Link, int]] = []
         for key, child in (item.items() if is_dict else enumerate(item)):
             if is_dict and (type(key) is not str or not key.isascii()):
                 if not isinstance(key, str):
@@ -121,7 +125,7 @@ def check_json(value: Any, path: str = "$") -> None:
                 continue
             if kind is float and math.isfinite(child):
                 continue
-            nested.append((child, (link, key)))
+            nested.append((child, (link, key), depth + 1))
         stack.extend(reversed(nested))
 
 

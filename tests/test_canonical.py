@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
+from agentium_graph import _canonical
 from agentium_graph._canonical import (
+    MAX_NESTING,
     NotJSONError,
     admission_id,
     attempt_id,
@@ -51,16 +53,19 @@ def test_golden_text_and_digest_are_pinned() -> None:
 
 
 def test_digest_is_stable_across_processes() -> None:
+    # Load the module by path: the check is about hash seeds, not about package imports.
     code = (
-        "import json,sys; from agentium_graph._canonical import digest, derive_id;"
-        "v=json.loads(sys.argv[1]); print(digest(v)); print(derive_id('task', v))"
+        "import importlib.util as u, json, sys;"
+        "s=u.spec_from_file_location('c', sys.argv[2]); m=u.module_from_spec(s);"
+        "s.loader.exec_module(m); v=json.loads(sys.argv[1]);"
+        "print(m.digest(v)); print(m.derive_id('task', v))"
     )
-    outs = {
-        subprocess.run([sys.executable, "-c", code, json.dumps(GOLDEN_VALUE)],
-                       capture_output=True, text=True, check=True,
-                       env={**os.environ, "PYTHONHASHSEED": seed}).stdout
-        for seed in ("1", "2")
-    }
+    procs = [subprocess.Popen([sys.executable, "-c", code, json.dumps(GOLDEN_VALUE),
+                               _canonical.__file__], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": seed})
+             for seed in ("1", "2")]
+    outs = {p.communicate(timeout=60)[0] for p in procs}
+    assert [p.returncode for p in procs] == [0, 0]
     assert outs == {f"{GOLDEN_DIGEST}\n{derive_id('task', GOLDEN_VALUE)}\n"}
 
 
@@ -217,3 +222,22 @@ def test_named_ids_are_stable_and_distinct() -> None:
     assert inc != incarnation_id("k", "n", 1, "b", "2", digest({}))
     assert attempt_id(inc, 1) != attempt_id(inc, 2)
     assert admission_id("s", "tool") == admission_id("s", "tool") != admission_id("s", "model")
+
+
+def _nested(levels: int, as_dict: bool) -> Any:
+    value: Any = {} if as_dict else []
+    for _ in range(levels - 1):
+        value = {"k": value} if as_dict else [value]
+    return value
+
+
+@pytest.mark.parametrize("as_dict", [False, True])
+@pytest.mark.parametrize("levels", [MAX_NESTING, MAX_NESTING + 1, 50_000])
+def test_nesting_is_bounded_not_a_recursion_error(levels: int, as_dict: bool) -> None:
+    deep = _nested(levels, as_dict)
+    if levels <= MAX_NESTING:
+        assert json.loads(canonical_json(deep)) == deep
+        return
+    with pytest.raises(NotJSONError) as info:
+        digest(deep)
+    assert f"deeper than {MAX_NESTING}" in info.value.reason

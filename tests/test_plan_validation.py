@@ -598,6 +598,14 @@ def test_non_json_plan_values(bad: Any, path: str) -> None:
     assert problems(plan(node("a", args={"x": bad}))) == [("not_json", path, None)]
 
 
+def test_absurdly_nested_plan_is_a_diagnostic_not_a_crash() -> None:
+    deep: Any = []
+    for _ in range(10_000):
+        deep = [deep]
+    [(code, path, node_id)] = problems(plan(node("a", args={"x": deep})))
+    assert code == "not_json" and path.startswith("$.nodes[0].args.x[0]") and node_id is None
+
+
 def test_plan_schema_is_plain_json() -> None:
     assert json.loads(json.dumps(PLAN_SCHEMA)) == PLAN_SCHEMA
 
