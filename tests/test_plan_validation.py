@@ -595,7 +595,7 @@ def test_missing_nodes_still_reports_top_level_problems() -> None:
     ({1: "a"}, "$.nodes[0].args.x"),
 ])
 def test_non_json_plan_values(bad: Any, path: str) -> None:
-    assert problems(plan(node("a", args={"x": bad}))) == [("not_json", path, None)]
+    assert problems(plan(node("a", args={"x": bad}))) == [("not_json", path, "a")]
 
 
 def test_absurdly_nested_plan_is_a_diagnostic_not_a_crash() -> None:
@@ -603,7 +603,14 @@ def test_absurdly_nested_plan_is_a_diagnostic_not_a_crash() -> None:
     for _ in range(10_000):
         deep = [deep]
     [(code, path, node_id)] = problems(plan(node("a", args={"x": deep})))
-    assert code == "not_json" and path.startswith("$.nodes[0].args.x[0]") and node_id is None
+    assert code == "not_json" and path.startswith("$.nodes[0].args.x[0]") and node_id == "a"
+
+
+def test_non_json_outside_nodes_has_no_node_id() -> None:
+    assert problems({"schemaVersion": 1, "revision": 1, "nodes": [], "x": {2: 1}}) == [
+        ("not_json", "$.x", None)]
+    assert problems(plan({"id": 7, "args": {"v": float("inf")}})) == [
+        ("not_json", "$.nodes[0].args.v", None)]
 
 
 def test_plan_schema_is_plain_json() -> None:

@@ -275,20 +275,15 @@ def validate_plan(
     try:
         size = len(canonical_bytes(plan))  # also proves the plan is plain JSON
     except NotJSONError as exc:
-        diags.add(exc.path, "not_json", exc.reason)
+        diags.add(exc.path, "not_json", exc.reason, _node_at(plan, exc.path))
         raise PlanValidationError(diags.items, subject=subject) from None
     if size > limits.max_bytes:
         diags.add("$", "too_large", f"plan is {size} bytes; the limit is {limits.max_bytes}")
 
     shape_errors = [] if _shape_ok(plan) else _PLAN_VALIDATOR.iter_errors(plan)
     for err in sorted(shape_errors, key=lambda e: list(e.absolute_path)):
-        where = list(err.absolute_path)
-        node_id = None
-        if len(where) >= 2 and where[0] == "nodes" and isinstance(where[1], int):
-            raw = plan["nodes"][where[1]]
-            node_id = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) \
-                else None
-        diags.add(json_path(where), "plan_shape", err.message, node_id)
+        where = json_path(err.absolute_path)
+        diags.add(where, "plan_shape", err.message, _node_at(plan, where))
     if not isinstance(plan, dict):
         raise PlanValidationError(diags.items, subject=subject)
     version = plan.get("schemaVersion")
@@ -372,6 +367,17 @@ def validate_plan(
         max_concurrency=min(plan.get("maxConcurrency", limits.max_concurrency),
                             limits.max_concurrency),
         depth=depth_offset + plan_depth, raw=plan)
+
+
+def _node_at(plan: Any, path: str) -> str | None:
+    """The id of the node a ``$.nodes[i]...`` path points into, when it has one."""
+    found = re.match(r"\$\.nodes\[(\d+)\]", path)
+    if found is None or not isinstance(plan, dict) or not isinstance(plan.get("nodes"), list):
+        return None
+    i = int(found.group(1))
+    raw = plan["nodes"][i] if i < len(plan["nodes"]) else None
+    nid = raw.get("id") if isinstance(raw, dict) else None
+    return nid if isinstance(nid, str) else None
 
 
 def _check_binding(node: dict[str, Any], where: str, nid: str, catalog: HostCatalog,
