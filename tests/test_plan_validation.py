@@ -464,6 +464,20 @@ def test_depth_offset_is_cumulative() -> None:
     assert "30 above this plan" in messages(plan(*_chain(3)), depth_offset=30)[0]
 
 
+def test_depth_offset_alone_can_exceed_the_limit() -> None:
+    assert problems(plan(), depth_offset=33) == [("too_deep", "$.nodes", None)]
+
+
+def test_nested_program_validates_under_its_nodes_depth() -> None:
+    outer = ok(plan(*_chain(2), node("g", "sub", dependsOn=["n1"])))
+    g = outer.nodes["g"]
+    assert g.depth == 2 + 1 + 3
+    sub = CATALOG.get("sub", "1")
+    assert isinstance(sub, GraphBinding) and sub.program.plan is not None
+    inner = ok(sub.program.plan, depth_offset=g.depth - CATALOG.program_depth(sub))
+    assert inner.depth == g.depth
+
+
 def test_max_concurrency_above_limit() -> None:
     assert problems(plan(node("a"), maxConcurrency=6)) == [
         ("concurrency_limit", "$.maxConcurrency", None)]

@@ -1,9 +1,12 @@
 """Plan validation that collects every diagnostic, then compiles the plan for execution.
 
 Validation never stops at the first problem: the shape is checked against a JSON Schema,
-then identities, bindings, grants, references and their paths, cycles (including
-disconnected ones), size, depth and concurrency, and fully static args against each
-binding's input schema. The result is either a :class:`CompiledPlan` or one
+then identities, bindings, grants, references and their paths (against the producer's
+output schema where knowable), cycles (one per strongly connected component, so
+disconnected cycles are all reported), size, cumulative depth (nested static programs
+count, see :meth:`HostCatalog.program_depth`) and concurrency, and args against each
+binding's input schema as far as they are static (parts holding a ``$ref`` are checked
+after resolution, before dispatch). The result is either a :class:`CompiledPlan` or one
 :class:`~agentium_graph.errors.PlanValidationError` listing every finding.
 """
 
@@ -93,12 +96,19 @@ class Ref:
 
 @dataclass(frozen=True, slots=True)
 class CompiledNode:
+    """One validated node. ``args`` is the plan's template (shared, never mutate it).
+
+    ``depth`` is cumulative: the depth offset, plus the longest dependency chain to this
+    node, plus the depth of its own nested program. A nested program of this node is
+    therefore validated with ``depth_offset=depth - catalog.program_depth(binding)``.
+    """
+
     id: str
     binding: Binding
     args: dict[str, Any]
     deps: tuple[str, ...]          # control + data dependencies, sorted, unique
     refs: tuple[Ref, ...]
-    depth: int                     # 1 + deepest dependency (cumulative with nesting offset)
+    depth: int
 
     @property
     def static(self) -> bool:
@@ -340,8 +350,8 @@ def validate_plan(
         depth_of[nid] = own + max((depth_of[d] for d in deps[nid] if d in depth_of), default=0)
     plan_depth = max(depth_of.values(), default=0)
     if depth_offset + plan_depth > limits.max_depth:
-        deepest = max(order, key=lambda n: depth_of[n])
-        diags.add(f"$.nodes[{ids[deepest]}]", "too_deep",
+        deepest = max(order, key=lambda n: depth_of[n]) if order else None
+        diags.add("$.nodes" if deepest is None else f"$.nodes[{ids[deepest]}]", "too_deep",
                   f"cumulative depth {depth_offset + plan_depth} (dependency chain plus nested "
                   f"programs{f', plus {depth_offset} above this plan' if depth_offset else ''})"
                   f" exceeds the limit {limits.max_depth}", deepest)
