@@ -561,3 +561,7 @@ def _short(value: str | None) -> str:
 from agentium_graph.demo._command import demo_command  # noqa: E402  (registered last)
 
 cli.add_command(demo_command)
+
+from agentium_graph._cli_resolve import resolve_command  # noqa: E402  (registered last)
+
+cli.add_command(resolve_command)

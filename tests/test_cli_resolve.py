@@ -1,0 +1,91 @@
+"""An operator resolves an uncertain effect from the CLI, then the task finishes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from agentium_graph import DurableRecoveryRequiredError, ExecutionGraphRuntime
+from agentium_graph.cli import cli
+from agentium_graph.store import CommitRequest, CommitResult, RecordAction
+from agentium_graph_sqlite import SQLiteDurableTaskStore
+from tests.conftest import program
+from tests.test_effects import PLAN, Destination, FakeConnector, pay_catalog
+
+
+class _Crash(BaseException):
+    pass
+
+
+class CrashingSQLite(SQLiteDurableTaskStore):
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        if any(isinstance(s, RecordAction) and s.action.state == "confirmed"
+               for s in request.steps):
+            raise _Crash
+        return await super().commit(request)
+
+
+async def _uncertain_task(db: Path, dest: Destination) -> str:
+    conn = FakeConnector(dest)
+    async with CrashingSQLite(db) as store:
+        rt = ExecutionGraphRuntime(catalog=pay_catalog(conn), store=store)
+        await rt.create("pay-1", program(PLAN))
+        with pytest.raises(_Crash):
+            await rt.run("pay-1")
+    async with SQLiteDurableTaskStore(db) as store:
+        blind = FakeConnector(dest, lookups=["unknown"] * 3)
+        rt = ExecutionGraphRuntime(catalog=pay_catalog(blind), store=store, lookup_timeout=0.2)
+        with pytest.raises(DurableRecoveryRequiredError) as info:
+            await rt.run("pay-1")
+    return info.value.action_ids[0]
+
+
+async def _finish(db: Path, conn: FakeConnector) -> dict[str, Any]:
+    async with SQLiteDurableTaskStore(db) as store:
+        rt = ExecutionGraphRuntime(catalog=pay_catalog(conn), store=store)
+        return (await rt.run("pay-1")).output
+
+
+@pytest.mark.parametrize("mode", ["output", "absent"])
+def test_cli_resolve_then_run_completes(tmp_path: Path, mode: str) -> None:
+    # The CLI runs its own event loop, so this test is synchronous.
+    db = tmp_path / "tasks.db"
+    dest = Destination()
+    action_id = asyncio.run(_uncertain_task(db, dest))
+    runner = CliRunner()
+    uri = f"sqlite:///{db}"
+    args = ["--store", uri, "resolve", "pay-1", action_id, "--actor", "oncall", "--json"]
+    if mode == "output":
+        args += ["--output", json.dumps(dest.accepted[action_id])]
+    else:
+        dest.accepted.clear()
+        args += ["--absent"]
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    action = json.loads(result.output)
+    assert action["resolution"]["actor"] == "oncall"
+    assert action["state"] == ("confirmed" if mode == "output" else "intent")
+    # A conflicting second resolution is refused with a one-line error.
+    other = ["--absent"] if mode == "output" else ["--output", '{"charge_id": "x", "amount": 1}']
+    again = runner.invoke(cli, ["--store", uri, "resolve", "pay-1", action_id, "--actor",
+                                "someone", *other])
+    assert again.exit_code != 0 and "second resolution is rejected" in again.output
+    after = FakeConnector(dest)
+    done = asyncio.run(_finish(db, after))
+    assert done["charge"]["amount"] == 500
+    assert len(after.dispatched) == (0 if mode == "output" else 1)
+
+
+def test_cli_resolve_usage_errors(tmp_path: Path) -> None:
+    runner = CliRunner()
+    res = runner.invoke(cli, ["--store", f"sqlite:///{tmp_path / 'x.db'}", "resolve", "k",
+                              "a", "--actor", "me"])
+    assert res.exit_code == 2 and "exactly one of --absent or --output" in res.output
+    res = runner.invoke(cli, ["--store", f"sqlite:///{tmp_path / 'x.db'}", "resolve", "k",
+                              "a", "--actor", "me", "--output", "{nope"])
+    assert res.exit_code == 2 and "not JSON" in res.output
