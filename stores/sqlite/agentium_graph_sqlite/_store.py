@@ -134,6 +134,8 @@ class SQLiteDurableTaskStore:
         self._executor_lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None  # touched only on the worker thread
         self._closed = False
+        self._pid = os.getpid()
+        self._inherited: list[tuple[ThreadPoolExecutor, sqlite3.Connection | None]] = []
         self._stats = SQLiteStoreStats()
 
     # --- properties ---------------------------------------------------------------------
@@ -159,16 +161,33 @@ class SQLiteDurableTaskStore:
                 f"synchronous={self._settings.synchronous!r})")
 
     # --- plumbing -----------------------------------------------------------------------
+    def _closed_error(self) -> StoreError:
+        return StoreError(f"SQLite store {str(self.path)!r} is closed; create a new "
+                          "SQLiteDurableTaskStore to use the file again",
+                          details={"path": str(self.path)})
+
     def _worker(self) -> ThreadPoolExecutor:
         if self._closed:
-            raise StoreError(f"SQLite store {str(self.path)!r} is closed; create a new "
-                             "SQLiteDurableTaskStore to use the file again",
-                             details={"path": str(self.path)})
+            raise self._closed_error()
         with self._executor_lock:
+            if self._executor is not None and self._pid != os.getpid():
+                # A forked child: the thread and connection belong to the parent. SQLite
+                # connections must not cross fork, so keep them untouched and start afresh.
+                self._inherited.append((self._executor, self._conn))
+                self._executor, self._conn = None, None
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1,
                                                     thread_name_prefix="agentium-sqlite")
+                self._pid = os.getpid()
             return self._executor
+
+    async def _on_worker(self, call: Callable[[], T]) -> T:
+        executor = self._worker()
+        try:
+            future = asyncio.get_running_loop().run_in_executor(executor, call)
+        except RuntimeError:  # close() shut the executor down meanwhile
+            raise self._closed_error() from None
+        return await future
 
     def _connection(self) -> sqlite3.Connection:
         # Worker thread only. A failed open is not cached: the next operation tries again.
@@ -182,22 +201,25 @@ class SQLiteDurableTaskStore:
 
     async def _submit(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` on the worker thread, retrying only SQLITE_BUSY/LOCKED (bounded)."""
-        executor = self._worker()
-        loop = asyncio.get_running_loop()
-        attempts = self._busy_retries + 1
+        call = functools.partial(self._call, op, fn)
+        try:
+            # Fast path: no retry machinery unless the database is actually locked.
+            return await self._on_worker(call)
+        except BusyError as exc:
+            failed = exc
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(attempts),
+            stop=stop_after_attempt(self._busy_retries + 1),
             wait=wait_random_exponential(multiplier=0.005, max=self._retry_max_wait_s),
             retry=retry_if_exception_type(BusyError), reraise=True)
         try:
             async for attempt in retrying:
                 with attempt:
-                    if attempt.retry_state.attempt_number > 1:
-                        self._bump(busy_retries=1)
-                    return await loop.run_in_executor(
-                        executor, functools.partial(self._call, op, fn))
+                    if attempt.retry_state.attempt_number == 1:
+                        raise failed  # the fast path's attempt: back off (jittered), retry
+                    self._bump(busy_retries=1)
+                    return await self._on_worker(call)
         except BusyError as exc:
-            raise busy_exhausted(exc, self.path, op, attempts,
+            raise busy_exhausted(exc, self.path, op, self._busy_retries + 1,
                                  self._settings.busy_timeout_s) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
 
@@ -273,11 +295,17 @@ class SQLiteDurableTaskStore:
         self._closed = True
         with self._executor_lock:
             executor, self._executor = self._executor, None
+            if executor is not None and self._pid != os.getpid():
+                return  # a forked child: the parent's thread and connection are not ours
         if executor is None:
             return
-        loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(executor, self._close_connection)
+            future = asyncio.get_running_loop().run_in_executor(executor,
+                                                                self._close_connection)
+        except RuntimeError:
+            return  # the executor is already shut down
+        try:
+            await future
         finally:
             executor.shutdown(wait=False)
 

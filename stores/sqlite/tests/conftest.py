@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+
 from agentium_graph_sqlite import SQLiteDurableTaskStore
 
 

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agentium_graph_sqlite import SCHEMA_VERSION, SQLiteDurableTaskStore
 from sqlite_helpers import create_request
 
 from agentium_graph.errors import (
@@ -18,6 +17,7 @@ from agentium_graph.errors import (
     StoreSchemaError,
 )
 from agentium_graph.store import ListTasksRequest
+from agentium_graph_sqlite import SCHEMA_VERSION, SQLiteDurableTaskStore
 
 
 def _files(path: Path) -> dict[str, bytes]:

@@ -8,9 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agentium_graph_sqlite import SQLiteDurableTaskStore
-from agentium_graph_sqlite._errors import map_sqlite_error
-from agentium_graph_sqlite._schema import Settings, open_database
 from sqlite_helpers import acquire_request, at, commit_request, create_request
 
 from agentium_graph.errors import StoreError, StoreSchemaError, StoreUnavailableError
@@ -22,6 +19,9 @@ from agentium_graph.store import (
     RenewLeaseRequest,
     TimelineRequest,
 )
+from agentium_graph_sqlite import SQLiteDurableTaskStore
+from agentium_graph_sqlite._errors import map_sqlite_error
+from agentium_graph_sqlite._schema import Settings, open_database
 
 
 async def test_busy_lock_exhausts_bounded_retries_then_recovers(db_path: Path) -> None:

@@ -7,8 +7,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from agentium_graph_sqlite import SQLiteDurableTaskStore
-
 from agentium_graph import (
     ExecutionGraphProgram,
     ExecutionGraphRuntime,
@@ -16,6 +14,7 @@ from agentium_graph import (
     ToolBinding,
     tool_context,
 )
+from agentium_graph_sqlite import SQLiteDurableTaskStore
 
 INT = {"type": "object", "properties": {"value": {"type": "integer"}},
        "required": ["value"]}

@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
-from agentium_graph_sqlite import SQLiteDurableTaskStore
-from agentium_graph_sqlite._schema import Settings, open_database
 from sqlite_helpers import acquire_request, at, commit_request, create_request
 
 from agentium_graph._canonical import digest_text
@@ -38,6 +36,8 @@ from agentium_graph.store import (
     StartAttempt,
     TimelineRequest,
 )
+from agentium_graph_sqlite import SQLiteDurableTaskStore
+from agentium_graph_sqlite._schema import Settings, open_database
 
 
 def _blob(text: str) -> tuple[str, str]:
@@ -387,3 +387,44 @@ async def test_synchronous_setting_reaches_the_connection(
     async with SQLiteDurableTaskStore(db_path, synchronous=synchronous) as store:
         assert await store.get_header("k") is not None
     assert seen == [level, "wal", level, "wal"]
+
+
+async def test_a_forked_child_never_reuses_the_parents_thread_or_connection(
+        db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = SQLiteDurableTaskStore(db_path)
+    await store.create_task(create_request("k"))
+    parent_thread = store._executor
+    monkeypatch.setattr("agentium_graph_sqlite._store.os.getpid", lambda: -1)  # "after fork"
+    assert await store.get_header("k") is not None
+    assert store._executor is not parent_thread
+    assert [executor for executor, _ in store._inherited] == [parent_thread]
+    await store.close()
+    for executor, conn in store._inherited:  # in a real child these would be left alone
+        assert conn is not None
+        executor.submit(conn.close).result()
+        executor.shutdown()
+
+
+async def test_an_operation_racing_close_gets_a_typed_error(db_path: Path) -> None:
+    store = SQLiteDurableTaskStore(db_path)
+    await store.create_task(create_request("k"))
+    assert store._executor is not None
+    store._executor.submit(store._close_connection).result()
+    store._executor.shutdown()  # what close() does while another call is between attempts
+    with pytest.raises(StoreError, match="closed"):
+        await store.get_header("k")
+    await store.close()
+
+
+async def test_closing_in_a_forked_child_leaves_the_parents_connection_alone(
+        db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = SQLiteDurableTaskStore(db_path)
+    await store.create_task(create_request("k"))
+    parent_thread = store._executor
+    assert parent_thread is not None
+    with monkeypatch.context() as patch:
+        patch.setattr("agentium_graph_sqlite._store.os.getpid", lambda: -1)
+        await asyncio.wait_for(store.close(), timeout=5)  # must not wait on a missing thread
+    assert store._conn is not None  # untouched, as the parent still owns it
+    parent_thread.submit(store._close_connection).result()
+    parent_thread.shutdown()
