@@ -74,10 +74,12 @@ class SQLiteDurableTaskStore:
 
     ``path``: the database file. Its directory must exist; the file is created on first
     use. Constructing the store does no I/O: the first operation opens the file, refuses
-    anything that is not an agentium-graph-sqlite database (a foreign or corrupt SQLite
-    file, a non-SQLite file, a file written by a newer schema, a read-only file) with a
-    typed :class:`~agentium_graph.StoreError` *without modifying it*, and creates the
-    tables idempotently.
+    anything that is not an agentium-graph-sqlite database (another application's SQLite
+    file, a non-SQLite file, a file written by a newer schema, a read-only file, a file
+    whose schema pages are corrupt) with a typed :class:`~agentium_graph.StoreError` or
+    :class:`~agentium_graph.StoreSchemaError` *without modifying it*, and creates the
+    tables idempotently. Damage inside data pages surfaces as a ``StoreError`` from the
+    operation that reads it.
 
     ``synchronous``:
 
@@ -97,9 +99,12 @@ class SQLiteDurableTaskStore:
     written and the task stays recoverable.
 
     Every mutating operation is one ``BEGIN IMMEDIATE`` transaction applying the shared
-    state machine (:mod:`agentium_graph.store`), so fencing holds across processes. All
-    sqlite3 calls run on one dedicated worker thread per store that owns the connection;
-    the event loop never blocks on the database. ``stats`` counts durable commits and
+    state machine (:mod:`agentium_graph.store`), so fencing holds across processes.
+    Domain errors of that state machine (``StaleFenceError``, ``LeaseHeldError``, ...)
+    roll the transaction back and propagate unchanged; driver failures are only ever
+    raised as ``StoreError`` subclasses, never as ``sqlite3`` exceptions. All sqlite3
+    calls run on one dedicated worker thread per store that owns the connection; the
+    event loop never blocks on the database. :attr:`stats` counts durable commits and
     bytes written. Close with ``await store.close()`` or use ``async with``.
     """
 
