@@ -88,6 +88,20 @@ class LeaseTests(SuiteBase):
             store, KEY, W2, now=T0 + timedelta(seconds=12)))
         assert error.expires_at == T0 + timedelta(seconds=15)
 
+    async def test_a_renewal_racing_commits_is_not_lost(self, store: DurableTaskStore) -> None:
+        fence = await self.leased(store, ttl=30)
+        renewal = store.renew_lease(RenewLeaseRequest(
+            key=KEY, worker_id=W1, fence=fence, ttl_seconds=30, now=T0 + timedelta(seconds=10)))
+        commits = [commit(store, KEY, W1, fence,
+                          Charge(admission_id=f"adm-{i}", charges={"tool_calls": 1}))
+                   for i in range(10)]
+        await asyncio.gather(*commits[:5], renewal, *commits[5:])
+        header = await store.get_header(KEY)
+        assert header is not None and header.lease is not None
+        # A commit must never write back the expiry it read before the renewal.
+        assert header.lease.expires_at == T0 + timedelta(seconds=40)
+        assert header.counters["tool_calls"] == 10
+
     async def test_stale_fence_on_renew_release_and_commit_changes_nothing(
             self, store: DurableTaskStore) -> None:
         old = await self.leased(store, ttl=10)
