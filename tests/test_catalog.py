@@ -197,6 +197,14 @@ def test_schemas_are_deep_copied_from_the_caller() -> None:
     assert HostCatalog([b]).digest == digest
 
 
+def test_descriptor_is_fixed_once_computed() -> None:
+    b = pure(input_schema={"type": "object", "properties": {"n": {"type": "integer"}}})
+    catalog = HostCatalog([b])
+    b.input_schema["properties"]["n"]["type"] = "string"
+    assert b.descriptor() == catalog.descriptor("t", "1")
+    assert b.descriptor().input_schema["properties"]["n"] == {"type": "integer"}
+
+
 def test_validator_does_not_share_the_bindings_schema() -> None:
     b = pure(input_schema={"type": "object", "properties": {"n": {"type": "integer"}}})
     b.input_schema["properties"]["n"]["type"] = "string"

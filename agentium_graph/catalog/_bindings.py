@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from agentium_graph._canonical import NotJSONError, check_json
+from agentium_graph._canonical import NotJSONError, check_json, json_copy
 from agentium_graph._program import ExecutionGraphProgram
 from agentium_graph.errors import ConfigurationError, config_error
 
@@ -89,6 +89,7 @@ class _BindingBase(BaseModel):
 
     _input_validator: Validator = PrivateAttr()
     _output_validator: Validator = PrivateAttr()
+    _descriptor: BindingDescriptor | None = PrivateAttr(default=None)
 
     def __init__(self, /, **data: Any) -> None:
         try:
@@ -125,11 +126,16 @@ class _BindingBase(BaseModel):
         raise NotImplementedError  # pragma: no cover - every subclass overrides
 
     def descriptor(self) -> BindingDescriptor:
-        return BindingDescriptor(
-            kind=self.kind, id=self.id, version=self.version,
-            input_schema=self.input_schema, output_schema=self.output_schema,
-            reference_inputs=self.reference_inputs, reference_outputs=self.reference_outputs,
-            **self._descriptor_extra())
+        """What a task pins, computed once (from JSON copies), so the catalog's digest and
+        a task's pinned descriptors cannot drift apart if a schema dict is mutated later."""
+        if self._descriptor is None:
+            self._descriptor = BindingDescriptor.model_validate(json_copy(BindingDescriptor(
+                kind=self.kind, id=self.id, version=self.version,
+                input_schema=self.input_schema, output_schema=self.output_schema,
+                reference_inputs=self.reference_inputs,
+                reference_outputs=self.reference_outputs,
+                **self._descriptor_extra()).model_dump(mode="json")))
+        return self._descriptor
 
     def _descriptor_extra(self) -> dict[str, Any]:
         return {}
@@ -226,9 +232,9 @@ class Agent(BaseModel):
     def _reject_opaque(self) -> Agent:
         for name in ("result_cache", "tool_resolver", "memory"):
             if getattr(self, name) is not None:
-                raise ValueError(f"agent {self.name!r}: {name} is opaque state that cannot be "
-                                 "recovered; remove it (use HarnessRuntime-style sessions "
-                                 "outside the graph)")
+                raise ValueError(f"agent {self.name!r}: {name} is opaque state that a "
+                                 "durable graph cannot recover; remove it and keep such "
+                                 "state outside the graph")
         for name in ("handoffs", "hooks"):
             if getattr(self, name):
                 raise ValueError(f"agent {self.name!r}: {name} are not supported in durable "
