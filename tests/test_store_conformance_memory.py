@@ -155,3 +155,32 @@ class TestFileBackedMemoryStoreConformance(StoreConformanceSuite):
         return FactoryHarness(name="memory-in-a-file",
                               factory=f"{__name__}:FileBackedMemoryStore",
                               factory_kwargs={"path": str(tmp_path / "store.json")})
+
+
+def test_the_testing_facade_is_pinned() -> None:
+    import agentium_graph.testing as testing
+
+    assert sorted(testing.__all__) == sorted([
+        "T0", "FactoryHarness", "FixedClock", "StoreConformanceSuite", "StoreHarness",
+        "TaskState", "acquire", "action_record", "capture", "commit", "load_factory",
+        "make_create_request", "make_identity", "node_record", "open_from_factory",
+        "read_timeline", "require_durable", "require_multi_process"])
+    assert all(hasattr(testing, name) for name in testing.__all__)
+    # pytest collects the suite only through a store's subclass.
+    assert not testing.StoreConformanceSuite.__name__.startswith("Test")
+
+
+def test_harness_factories_are_checked() -> None:
+    from datetime import timedelta
+
+    from agentium_graph.testing import T0, FixedClock, load_factory
+
+    with pytest.raises(ValueError, match="module:function"):
+        load_factory("agentium_graph.testing.memory.new_memory_store")
+    with pytest.raises(TypeError, match="not callable"):
+        load_factory("agentium_graph.testing:T0")
+    with pytest.raises(TypeError, match="must be JSON"):
+        FactoryHarness(name="x", factory="m:f", factory_kwargs={"path": Path("/tmp")})
+    clock = FixedClock()
+    assert clock() == T0
+    assert clock.advance(1.5) == T0 + timedelta(seconds=1.5) == clock()
