@@ -9,7 +9,6 @@ child processes against real shared data). It is a test double, not a product st
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import os
 from collections.abc import Coroutine, Sequence
@@ -74,6 +73,8 @@ class FileBackedMemoryStore:
         return self._capabilities
 
     def _run(self, write: bool, call: Any) -> Any:
+        import fcntl  # POSIX only, and only this double needs it
+
         with open(str(self._path) + ".lock", "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             memory = InMemoryDurableTaskStore()
