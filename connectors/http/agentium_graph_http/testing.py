@@ -470,7 +470,7 @@ class _Handler(BaseHTTPRequestHandler):
         length = self.headers.get("Content-Length")
         if route != "collection":
             self._drain(length)
-            self._reply(404 if route == "other" else 405, _error("not_found", "no such route"))
+            self._no_route(route)
             return
         if length is None or not length.isdigit():
             self._reply(411, _error("length_required", "send a Content-Length"), close=True)
@@ -498,10 +498,17 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         route, key = self._route()
         if route != "item" or key is None:
-            self._reply(404 if route == "other" else 405, _error("not_found", "no such route"))
+            self._no_route(route)
             return
         status, response = self.server.app._handle_lookup(key)
         self._reply(status, response)
+
+    def _no_route(self, route: str) -> None:
+        if route == "other":
+            self._reply(404, _error("no_route", f"no route for {self.path}"))
+        else:
+            self._reply(405, _error("method_not_allowed", f"{self.command} is not allowed "
+                                    f"on {self.path}"))
 
     def _drain(self, length: str | None) -> None:
         if length is not None and length.isdigit() and int(length) <= _MAX_BODY:

@@ -4,6 +4,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
+
 from agentium_graph_http import HttpActionConnector
 from agentium_graph_http.testing import IdempotentTestServer
 

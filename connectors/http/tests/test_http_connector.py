@@ -6,6 +6,9 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
+from http_support import make_request
+
+from agentium_graph import Absent, ActionOutcome, DurableActionConnector, ToolBinding, Unknown
 from agentium_graph_http import (
     HttpActionConnector,
     HttpConnectorError,
@@ -17,9 +20,6 @@ from agentium_graph_http import (
     HttpTransientError,
 )
 from agentium_graph_http.testing import IdempotentTestServer
-from http_support import make_request
-
-from agentium_graph import Absent, ActionOutcome, DurableActionConnector, ToolBinding, Unknown
 
 Connect = Callable[..., HttpActionConnector]
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import inspect
 import json
 
-import agentium_graph_http
 import httpx
 import pytest
+from http_support import make_request
+
+import agentium_graph_http
+from agentium_graph import Absent, AgentiumGraphError, ConfigurationError, Unknown
 from agentium_graph_http import (
     HttpActionConnector,
     HttpConnectorConfig,
@@ -19,9 +22,6 @@ from agentium_graph_http import (
     HttpTimeoutError,
     HttpTransientError,
 )
-from http_support import make_request
-
-from agentium_graph import Absent, AgentiumGraphError, ConfigurationError, Unknown
 
 BASE = "http://payments.test"
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from agentium_graph_http.testing import IdempotentTestServer, read_server_state
 from http_support import make_request
+
+from agentium_graph_http.testing import IdempotentTestServer, read_server_state
 
 
 def _post(client: httpx.Client, server: IdempotentTestServer, body: object,
