@@ -1,0 +1,53 @@
+"""Errors of the model provider layer.
+
+All derive from :class:`~agentium_graph.errors.AgentiumGraphError` and carry a stable
+``code``::
+
+    AgentiumGraphError
+    └── ProviderError                 a model provider call failed
+        ├── IncompleteStreamError     a stream ended (EOF) before its StreamEnd event
+        ├── MalformedResponseError    a response or stream broke the provider contract
+        └── ScriptExhaustedError      the scripted fake provider has no turn for a request
+"""
+
+from __future__ import annotations
+
+from agentium_graph.errors import AgentiumGraphError
+
+__all__ = [
+    "IncompleteStreamError",
+    "MalformedResponseError",
+    "ProviderError",
+    "ScriptExhaustedError",
+]
+
+
+class ProviderError(AgentiumGraphError):
+    """A model provider call failed; the request may be retried as a fresh call."""
+
+    code = "provider_error"
+
+
+class IncompleteStreamError(ProviderError):
+    """The stream stopped without a ``StreamEnd``: its text, tool calls and usage are unknown.
+
+    Nothing from an incomplete stream may be treated as a model response. Request it again;
+    a durable caller keeps the interrupted call's reservation charged as unknown usage.
+    """
+
+    code = "provider_stream_incomplete"
+
+
+class MalformedResponseError(ProviderError):
+    """The provider returned something the contract forbids (e.g. a tool call without a name).
+
+    ``details["reason"]`` is a stable short code for what was wrong.
+    """
+
+    code = "provider_response_malformed"
+
+
+class ScriptExhaustedError(ProviderError):
+    """The scripted fake provider has no remaining turn that accepts the request."""
+
+    code = "provider_script_exhausted"
