@@ -45,10 +45,11 @@ class HttpActionConnector:
     :meth:`resolve_result` looks up exactly the key that was sent).
 
     Construct it with keyword options (mirroring :class:`HttpConnectorConfig`) or from a
-    config with :meth:`from_config`. Pass ``client=`` to share a caller-owned
+    config with :meth:`from_config`. Pass ``client=`` to share a caller-owned, pooling
     ``httpx.AsyncClient`` (never closed here), or ``transport=`` to give the owned client
-    a custom transport. The owned client is created on first use in the running event loop
-    (a later call from another loop gets a fresh one) and closed by :meth:`aclose` or
+    a custom transport (closed with it). The owned client is created on first use in the
+    running event loop, keeps no idle connections (so successive loops, e.g. ``asyncio.run``
+    per call, are safe; each loop gets its own client) and is closed by :meth:`aclose` or
     ``async with connector:``; the connector stays usable after closing.
 
     Errors: :meth:`dispatch` raises only :class:`HttpConnectorError` subclasses (or
@@ -210,9 +211,13 @@ class HttpActionConnector:
             return self._shared
         loop = asyncio.get_running_loop()
         if self._owned is None or self._owned_loop is None or self._owned_loop() is not loop:
-            # A client's pooled connections belong to the loop that opened them.
-            self._owned = httpx.AsyncClient(transport=self._transport, follow_redirects=False,
-                                            headers={"User-Agent": _USER_AGENT})
+            # Connections belong to the loop that opened them, and a host may call us from
+            # successive loops (asyncio.run per call): the owned client keeps no idle
+            # connection that could outlive its loop, and each loop gets its own client.
+            self._owned = httpx.AsyncClient(
+                transport=self._transport, follow_redirects=False,
+                headers={"User-Agent": _USER_AGENT},
+                limits=httpx.Limits(max_keepalive_connections=0))
             self._owned_loop = weakref.ref(loop)
         return self._owned
 

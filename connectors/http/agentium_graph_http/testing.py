@@ -141,7 +141,9 @@ class IdempotentTestServer:
     :meth:`start` / :meth:`stop`. ``dedupe=False`` turns it into a non-idempotent server
     (every post is a new acceptance) to show what blind resending does. ``on_accept(key)``
     runs in the server thread after an acceptance is persisted and before the response is
-    sent: a crash harness can kill its worker there. ``max_hang_s`` bounds every hang.
+    sent: a crash harness can kill its worker there (if it raises, the connection closes
+    without a response and the traceback lands in ``server_errors``). ``max_hang_s`` bounds
+    every hang.
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, resource: str = "charges",
@@ -290,7 +292,11 @@ class IdempotentTestServer:
 
     def hang_posts(self, n: int | None = 1, *, after_accept: bool = False,
                    seconds: float | None = None) -> None:
-        """Hold the next ``n`` posts before accepting them, or after (``after_accept=True``)."""
+        """Hold the next ``n`` posts before accepting them, or after (``after_accept=True``).
+
+        A held post goes on when released, even if its client gave up meanwhile: a real
+        server also finishes work whose caller timed out.
+        """
         self._arm("hang_posts_after" if after_accept else "hang_posts_before", n,
                   seconds=seconds)
 

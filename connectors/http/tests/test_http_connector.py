@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Callable
 
 import pytest
@@ -299,3 +300,15 @@ async def test_it_is_a_durable_action_connector_bound_to_a_tool(connect: Connect
 
     assert (descriptor.connector_id, descriptor.connector_version) == ("payments", "3")
     assert descriptor.idempotent_destination is True
+
+
+def test_usable_from_successive_event_loops(server: IdempotentTestServer) -> None:
+    connector = server.connector()  # e.g. a module-level connector behind runtime.run_sync
+    request = make_request()
+    for _ in range(3):
+        outcome = asyncio.run(connector.dispatch(request))
+        gc.collect()  # a client left bound to a closed loop would warn here
+    assert asyncio.run(connector.resolve_result(request.result_ref)) == outcome
+    asyncio.run(connector.aclose())
+    gc.collect()
+    assert server.accepted_count == 1

@@ -176,9 +176,10 @@ def test_bad_configuration_is_a_configuration_error(options: dict[str, object]) 
     assert "pw" not in str(info.value)
 
 
-def test_client_and_transport_are_exclusive() -> None:
-    with pytest.raises(ConfigurationError):
-        HttpActionConnector(BASE, client=httpx.AsyncClient(), transport=_answering(200))
+async def test_client_and_transport_are_exclusive() -> None:
+    async with httpx.AsyncClient() as client:
+        with pytest.raises(ConfigurationError):
+            HttpActionConnector(BASE, client=client, transport=_answering(200))
 
 
 def test_constructor_mirrors_the_config() -> None:
