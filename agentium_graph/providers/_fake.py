@@ -265,6 +265,15 @@ class ScriptedProvider:
     A stream yields the text in ``chunks`` pieces, then each tool call, then ``StreamEnd``.
     ``sleep`` (default :func:`asyncio.sleep`) is awaited for delays; inject your own to control
     time. A rebuilt provider (``from_data``) starts with the whole script unused.
+
+    Example -- an agent that calls one tool, then answers::
+
+        provider = ScriptedProvider([
+            ScriptedTurn(tool_calls=(ToolCall(id="c1", name="add", arguments={"a": 1}),)),
+            ScriptedTurn(text="The sum is 3.", usage=Usage(input_tokens=20, output_tokens=5)),
+        ])
+        ...                                   # run the graph
+        assert provider.call_count == 2       # after recovery: still 2, responses replayed
     """
 
     id: str = "scripted"
