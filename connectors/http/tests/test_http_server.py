@@ -13,6 +13,8 @@ import httpx
 import pytest
 from http_support import make_request
 
+from agentium_graph import ActionOutcome
+from agentium_graph_http import HttpNetworkError
 from agentium_graph_http.testing import IdempotentTestServer, read_server_state
 
 
@@ -151,3 +153,19 @@ async def test_many_clients_at_once_keep_exact_counts(server: IdempotentTestServ
         await asyncio.gather(*(c.dispatch(r) for r in requests for c in (one, two)))
     assert server.accepted_count == 15
     assert server.replay_count == 15
+
+
+async def test_a_failing_on_accept_hook_loses_the_response_and_is_reported() -> None:
+    def boom(key: str) -> None:
+        raise RuntimeError(f"harness hook failed for {key}")
+
+    with IdempotentTestServer(on_accept=boom) as server:
+        async with server.connector(idempotent_destination=False) as connector:
+            request = make_request()
+            with pytest.raises(HttpNetworkError):
+                await connector.dispatch(request)
+            assert isinstance(await connector.resolve_result(request.result_ref),
+                              ActionOutcome)
+    assert server.accepted_count == 1
+    assert len(server.server_errors) == 1
+    assert "harness hook failed" in server.server_errors[0]
