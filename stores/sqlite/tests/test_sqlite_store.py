@@ -428,3 +428,49 @@ async def test_closing_in_a_forked_child_leaves_the_parents_connection_alone(
     assert store._conn is not None  # untouched, as the parent still owns it
     parent_thread.submit(store._close_connection).result()
     parent_thread.shutdown()
+
+
+async def test_a_commit_reads_only_the_rows_its_steps_need(
+        db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    statements: list[tuple[str, tuple[Any, ...]]] = []
+
+    class Recording(sqlite3.Connection):
+        def execute(self, sql: str, params: Any = (), /) -> Any:
+            statements.append((sql, tuple(params)))
+            return super().execute(sql, params)
+
+        def executemany(self, sql: str, rows: Any, /) -> Any:
+            statements.append((sql, ()))
+            return super().executemany(sql, rows)
+
+    real_connect: Any = sqlite3.connect
+    monkeypatch.setattr("agentium_graph_sqlite._schema.sqlite3.connect",
+                        lambda *a, **k: real_connect(*a, factory=Recording, **k))
+    def writes() -> list[str]:
+        return [sql.split(" (")[0] for sql, _ in statements
+                if sql.startswith(("INSERT", "UPDATE"))]
+
+    nodes = [f"n{i}" for i in range(30)]
+    async with SQLiteDurableTaskStore(db_path) as store:
+        await store.create_task(create_request("k", nodes))
+        await store.acquire_lease(acquire_request("k"))
+        statements.clear()
+        await store.commit(commit_request("k", 1, [
+            StartAttempt(node_id="n7", attempt_id="att", admission_id="adm-7",
+                         charges={"work_attempts": 1})]))
+        reads = [(sql, params) for sql, params in statements if sql.startswith("SELECT")]
+        assert reads[0] == ("SELECT header FROM tasks WHERE key = ?", ("k",))
+        assert [p for sql, p in reads if "FROM nodes" in sql] == [("k", "n7")]
+        assert [p for sql, p in reads if "FROM admissions" in sql] == [("k", "adm-7")]
+        assert not any("identities" in sql or "journal" in sql for sql, _ in reads)
+        assert writes() == ["INSERT OR REPLACE INTO nodes", "INSERT INTO admissions",
+                            "INSERT INTO journal",
+                            "UPDATE tasks SET status = ?, header = ? WHERE key = ?"]
+        statements.clear()
+        digest_, text = _blob("1")
+        await store.commit(commit_request("k", 1, [
+            SettleNode(node_id="n7", state="completed", output_digest=digest_)],
+            blobs={digest_: text}))
+        # The status is unchanged, so its index entry is not rewritten.
+        assert writes() == ["INSERT OR IGNORE INTO blobs", "INSERT OR REPLACE INTO nodes",
+                            "INSERT INTO journal", "UPDATE tasks SET header = ? WHERE key = ?"]
