@@ -1,0 +1,152 @@
+"""How records map to MongoDB documents (see docs/design/mongodb-layout.md).
+
+Records whose content is free-form (node and action records, the identity, journal
+entries, charges, an error's details) are stored as their canonical pydantic JSON text:
+it round-trips exactly (microsecond, timezone-aware datetimes; integers beyond int64; keys
+such as ``$ref`` or ``a.b`` that are special in MongoDB field paths). The header is stored
+field by field so that a commit can ``$set`` only what changed and a cancel request or a
+lease renewal can touch only its own field.
+
+Map keys chosen by callers (node ids, action ids, admission ids, counter names) become
+field names through :func:`encode_key`, which escapes every character that is special in
+a field path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from pydantic import ValidationError
+
+from agentium_graph.errors import ErrorInfo, StoreSchemaError
+from agentium_graph.store import JournalEntry, TaskHeader
+
+#: The layout version this package reads and writes. Every document carries it as ``v``.
+SCHEMA_VERSION = 1
+
+TASKS, JOURNAL, BLOBS, META = "tasks", "journal", "blobs", "meta"
+META_ID = "agentium-graph-mongodb"
+
+# Escapes: '%' first so decoding is unambiguous; '.' and '$' are field-path syntax; NUL is
+# not allowed in BSON keys. The empty string (not a valid path segment) becomes a bare '%'.
+_ESCAPES = (("%", "%25"), (".", "%2E"), ("$", "%24"), ("\x00", "%00"))
+
+
+def encode_key(key: str) -> str:
+    """A field name for ``key`` that is safe as one segment of a dotted path."""
+    if not key:
+        return "%"
+    for raw, escaped in _ESCAPES:
+        key = key.replace(raw, escaped)
+    return key
+
+
+def decode_key(field: str) -> str:
+    """The inverse of :func:`encode_key`."""
+    if field == "%":
+        return ""
+    for raw, escaped in reversed(_ESCAPES):
+        field = field.replace(escaped, raw)
+    return field
+
+
+# --- header --------------------------------------------------------------------------------
+
+def header_doc(header: TaskHeader) -> dict[str, Any]:
+    """The stored form of a header: JSON-mode fields, encoded map keys, error as text."""
+    doc = header.model_dump(mode="json")
+    doc["counters"] = {encode_key(k): v for k, v in header.counters.items()}
+    doc["limits"] = {encode_key(k): v for k, v in header.limits.items()}
+    doc["error"] = None if header.error is None else header.error.model_dump_json()
+    return doc
+
+
+def header_from_doc(doc: Mapping[str, Any], where: str) -> TaskHeader:
+    with schema_errors(where):
+        fields = dict(doc)
+        fields["counters"] = {decode_key(k): v for k, v in fields["counters"].items()}
+        fields["limits"] = {decode_key(k): v for k, v in fields["limits"].items()}
+        error = fields.get("error")
+        fields["error"] = None if error is None else ErrorInfo.model_validate_json(error)
+        return TaskHeader.model_validate(fields)
+
+
+def changed_header_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """``$set`` paths for the header fields that differ, never the cancel request.
+
+    A cancel request belongs to whoever requested it; the lease holder's writes must not
+    overwrite it, so it is left out even when the caller's copy is stale.
+    """
+    return {f"header.{name}": value for name, value in new.items()
+            if name != "cancel" and old.get(name) != value}
+
+
+# --- documents -------------------------------------------------------------------------------
+
+def check_version(doc: Mapping[str, Any], where: str) -> None:
+    """Refuse a document written by a newer (or no) agentium-graph-mongodb schema."""
+    version = doc.get("v")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise StoreSchemaError(
+            f"MongoDB store: {where} is not an agentium-graph-mongodb document (no schema "
+            "version); point the store at a database of its own (database=...)",
+            details={"where": where})
+    if version > SCHEMA_VERSION:
+        raise StoreSchemaError(
+            f"MongoDB store: {where} was written with store schema version {version}, newer "
+            f"than this agentium-graph-mongodb supports ({SCHEMA_VERSION}); upgrade "
+            "agentium-graph-mongodb to read it (nothing was changed)",
+            details={"where": where, "schema_version": version,
+                     "supported": SCHEMA_VERSION})
+
+
+@contextmanager
+def schema_errors(where: str) -> Iterator[None]:
+    """Turn a parse failure of a stored document into a StoreSchemaError naming it."""
+    try:
+        yield
+    except (ValidationError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        count = exc.error_count() if isinstance(exc, ValidationError) else 1
+        raise StoreSchemaError(
+            f"MongoDB store: {where} cannot be parsed ({count} problem(s): "
+            f"{type(exc).__name__}); it was edited by hand or written by an incompatible "
+            "version. Restore it from a backup or upgrade agentium-graph-mongodb",
+            details={"where": where}) from exc
+
+
+def journal_doc(key: str, entry: JournalEntry, token: str) -> dict[str, Any]:
+    """A journal entry: ``_id`` is ``{key}:{seq}`` (unique: the seq follows the last ':')."""
+    return {"_id": journal_id(key, entry.seq), "k": key, "s": entry.seq,
+            "v": SCHEMA_VERSION, "t": token, "e": entry.model_dump_json()}
+
+
+def journal_id(key: str, seq: int) -> str:
+    return f"{key}:{seq}"
+
+
+def entry_from_doc(doc: Mapping[str, Any]) -> JournalEntry:
+    where = f"journal entry {doc.get('_id')!r}"
+    check_version(doc, where)
+    with schema_errors(where):
+        return JournalEntry.model_validate_json(doc["e"])
+
+
+def blob_doc(digest: str, text: str) -> dict[str, Any]:
+    return {"_id": digest, "v": SCHEMA_VERSION, "body": text}
+
+
+def blob_text(doc: Mapping[str, Any]) -> str:
+    where = f"blob {doc.get('_id')!r}"
+    check_version(doc, where)
+    body = doc.get("body")
+    if not isinstance(body, str):
+        raise StoreSchemaError(f"MongoDB store: {where} has no text body; restore it from a "
+                               "backup", details={"where": where})
+    return body
+
+
+def charges_text(charges: Mapping[str, int]) -> str:
+    return json.dumps(dict(charges), sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,121 @@
+"""A task document as the store holds it in memory, and the per-store cache of them.
+
+The cache lets a commit skip its read: the lease holder usually wrote the document last,
+so its copy is current, and the compare-and-set on ``header.seq`` proves it (a miss means
+someone else wrote; the store then reads the document again). Records stay JSON text
+in the cache, so nothing a caller receives shares state with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentium_graph.store import TaskHeader
+from agentium_graph_mongodb._codec import check_version, header_from_doc, schema_errors
+
+#: How many recent write tokens a task document keeps (``writes``): enough for a writer
+#: whose acknowledgement was lost to recognize its own write after a retry.
+WRITES_KEPT = 8
+
+
+@dataclass(slots=True)
+class TaskDoc:
+    """The parts of a task document a transition reads (not the identity)."""
+
+    key: str
+    header: dict[str, Any]
+    nodes: dict[str, str] = field(default_factory=dict)       # encoded node id -> JSON
+    actions: dict[str, str] = field(default_factory=dict)     # encoded action id -> JSON
+    admissions: dict[str, str] = field(default_factory=dict)  # encoded admission id -> JSON
+    writes: list[str] = field(default_factory=list)
+
+    @property
+    def seq(self) -> int:
+        seq = self.header["seq"]
+        assert isinstance(seq, int)
+        return seq
+
+    def parsed_header(self) -> TaskHeader:
+        return header_from_doc(self.header, f"task document {self.key!r}")
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any]) -> TaskDoc:
+        key = str(raw.get("_id"))
+        where = f"task document {key!r}"
+        check_version(raw, where)
+        with schema_errors(where):
+            doc = cls(key=key, header=dict(raw["header"]),
+                      nodes=_texts(raw.get("nodes", {})),
+                      actions=_texts(raw.get("actions", {})),
+                      admissions=_texts(raw.get("admissions", {})),
+                      writes=[str(t) for t in raw.get("writes", [])])
+            if not isinstance(doc.header.get("seq"), int):
+                raise TypeError("header.seq is not an integer")
+        return doc
+
+    def apply(self, sets: Mapping[str, Any], header: dict[str, Any], token: str) -> None:
+        """Replay a successful update on this copy; ``header`` is the server's post-image."""
+        for path, value in sets.items():
+            top, _, name = path.partition(".")
+            if top == "nodes":
+                self.nodes[name] = value
+            elif top == "actions":
+                self.actions[name] = value
+            elif top == "admissions":
+                self.admissions[name] = value
+        self.header = header
+        self.writes = [*self.writes, token][-WRITES_KEPT:]
+
+
+def _texts(value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        raise TypeError("expected a map of records")
+    out: dict[str, str] = {}
+    for name, text in value.items():
+        if not isinstance(text, str):
+            raise TypeError(f"record {name!r} is not JSON text")
+        out[str(name)] = text
+    return out
+
+
+class DocCache:
+    """A bounded LRU of task documents plus one asyncio lock per key in use."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._docs: OrderedDict[str, TaskDoc] = OrderedDict()
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = (
+            weakref.WeakValueDictionary())
+
+    def get(self, key: str) -> TaskDoc | None:
+        doc = self._docs.get(key)
+        if doc is not None:
+            self._docs.move_to_end(key)
+        return doc
+
+    def put(self, doc: TaskDoc) -> None:
+        if self._size <= 0:
+            return
+        self._docs[doc.key] = doc
+        self._docs.move_to_end(doc.key)
+        while len(self._docs) > self._size:
+            self._docs.popitem(last=False)
+
+    def drop(self, key: str) -> None:
+        self._docs.pop(key, None)
+
+    def clear(self) -> None:
+        self._docs.clear()
+
+    def lock(self, key: str) -> asyncio.Lock:
+        """The lock serializing this store's compare-and-set writes to one task."""
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = asyncio.Lock()
+            self._locks[key] = lock
+        return lock

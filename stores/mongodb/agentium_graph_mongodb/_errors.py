@@ -1,0 +1,156 @@
+"""The one place where pymongo and bson failures become store errors.
+
+Every driver call of the store runs inside :func:`mapped_errors`, so no raw ``pymongo`` or
+``bson`` exception leaves the package. Errors are classified by exception class and
+server error code, never by message text or server version:
+
+* transient (the network, a stepping-down primary, a shutting-down server, a write
+  concern that could not be confirmed) become :class:`TransientStoreError`, the only
+  error the store retries; when the bounded retries run out the store raises a plain
+  :class:`~agentium_graph.StoreUnavailableError` (:func:`retries_exhausted`);
+* authentication and authorization failures say to check the credentials and roles;
+* documents over the BSON size limit say what grew too large;
+* everything else is a :class:`~agentium_graph.StoreError` naming the operation.
+
+Domain errors of the shared state machine (``StaleFenceError``, ``LeaseHeldError``, ...)
+are ``AgentiumGraphError`` subclasses and pass through unchanged. Duplicate keys are not
+errors for this store: the operations that insert handle them as idempotency results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from bson.errors import BSONError, InvalidDocument
+from pymongo.errors import (
+    BulkWriteError,
+    ConnectionFailure,
+    InvalidOperation,
+    OperationFailure,
+    PyMongoError,
+    ServerSelectionTimeoutError,
+    WriteConcernError,
+)
+
+from agentium_graph.errors import StoreError, StoreUnavailableError
+
+# Server error codes that mean "try again": network and host errors, elections, shutdown,
+# not-primary, and time limits. (pymongo's own retryable-error list, plus time limits.)
+TRANSIENT_CODES = frozenset({
+    6,      # HostUnreachable
+    7,      # HostNotFound
+    50,     # MaxTimeMSExpired
+    64,     # WriteConcernFailed (wtimeout): the write may or may not have applied
+    89,     # NetworkTimeout
+    91,     # ShutdownInProgress
+    134,    # ReadConcernMajorityNotAvailableYet
+    189,    # PrimarySteppedDown
+    262,    # ExceededTimeLimit
+    9001,   # SocketException
+    10107,  # NotWritablePrimary
+    11600,  # InterruptedAtShutdown
+    11602,  # InterruptedDueToReplStateChange
+    13435,  # NotPrimaryNoSecondaryOk
+    13436,  # NotPrimaryOrSecondary
+})
+AUTH_CODES = frozenset({18, 13, 11})  # AuthenticationFailed, Unauthorized, UserNotFound
+TOO_LARGE_CODES = frozenset({10334, 17419, 17420})  # BSONObjectTooLarge, doc too large
+DUPLICATE_KEY = 11000
+_TRANSIENT_LABELS = ("RetryableWriteError", "TransientTransactionError")
+
+
+class TransientStoreError(StoreUnavailableError):
+    """A failure that may pass on its own; retried (bounded, jittered) by the store."""
+
+    code = "store_transient"
+
+
+def _code(exc: PyMongoError) -> int | None:
+    code = getattr(exc, "code", None)
+    return code if isinstance(code, int) else None
+
+
+def _bulk_codes(exc: BulkWriteError) -> tuple[set[int], set[int]]:
+    details: Mapping[str, Any] = exc.details or {}
+    write = {int(e.get("code", 0)) for e in details.get("writeErrors", ())}
+    concern = {int(e.get("code", 0)) for e in details.get("writeConcernErrors", ())}
+    return write, concern
+
+
+def is_transient(exc: PyMongoError) -> bool:
+    if isinstance(exc, ConnectionFailure):  # AutoReconnect, NetworkTimeout, NotPrimary, ...
+        return True
+    if isinstance(exc, BulkWriteError):
+        write, concern = _bulk_codes(exc)
+        return bool((write | concern) & TRANSIENT_CODES) and not write - TRANSIENT_CODES - {
+            DUPLICATE_KEY}
+    if isinstance(exc, OperationFailure):
+        if _code(exc) in TRANSIENT_CODES:
+            return True
+        return any(exc.has_error_label(label) for label in _TRANSIENT_LABELS)
+    return False
+
+
+def map_mongo_error(exc: PyMongoError | BSONError, op: str, where: str) -> StoreError:
+    """The typed store error for a driver failure of ``op`` against ``where``."""
+    name = type(exc).__name__
+    code = _code(exc) if isinstance(exc, PyMongoError) else None
+    details: dict[str, Any] = {"op": op, "where": where, "driver_error": name}
+    if code is not None:
+        details["server_code"] = code
+    head = f"MongoDB store ({where}): {op} failed ({name}{f' {code}' if code else ''}: {exc})"
+    if isinstance(exc, PyMongoError) and is_transient(exc):
+        hint = ("no server was reachable in time" if isinstance(
+            exc, ServerSelectionTimeoutError) else "a transient server or network failure")
+        return TransientStoreError(f"{head}; {hint}", details=details)
+    if code in AUTH_CODES or (isinstance(exc, BulkWriteError) and
+                              _bulk_codes(exc)[0] & AUTH_CODES):
+        return StoreError(
+            f"{head}: authentication or authorization failed; check the user name, password "
+            "and authSource in the URI, and that the user may read and write this database",
+            details=details)
+    if isinstance(exc, InvalidDocument) or code in TOO_LARGE_CODES:
+        return StoreError(
+            f"{head}: a record is too large for one MongoDB document (16 MiB); keep task "
+            "outputs and plans smaller, or store large payloads elsewhere and pass references",
+            details=details)
+    if isinstance(exc, InvalidOperation):
+        return StoreError(
+            f"{head}: the MongoDB client is closed or unusable; create a new "
+            "MongoDBDurableTaskStore (and client)", details=details)
+    if isinstance(exc, WriteConcernError):
+        return StoreError(
+            f"{head}: the server cannot satisfy the write concern; configure a write concern "
+            "the deployment supports (for example WriteConcern(w=1, j=True) on a standalone "
+            "server). The write may have applied; the task stays recoverable",
+            details=details)
+    return StoreError(f"{head}; the operation did not complete. Check the server's logs; the "
+                      "task stays recoverable", details=details)
+
+
+@contextmanager
+def mapped_errors(op: str, where: str) -> Iterator[None]:
+    """Translate pymongo and bson errors raised inside the block."""
+    try:
+        yield
+    except (PyMongoError, BSONError) as exc:
+        raise map_mongo_error(exc, op, where) from exc
+
+
+def retries_exhausted(last: TransientStoreError, op: str, where: str, attempts: int,
+                      elapsed_s: float) -> StoreUnavailableError:
+    """The error raised when a transient failure outlived every bounded retry."""
+    return StoreUnavailableError(
+        f"MongoDB store ({where}): {op} kept failing through {attempts} attempt(s) over "
+        f"{elapsed_s:.1f}s: {last}. Check that the server is running and reachable from this "
+        "host (URI, network, firewall, replica set health), then run the task again: it "
+        "stays recoverable. To wait longer, raise retries / server_selection_timeout_s",
+        details={**last.details, "attempts": attempts, "elapsed_s": round(elapsed_s, 3)})
+
+
+def closed_error(where: str) -> StoreError:
+    return StoreError(f"MongoDB store ({where}) is closed; create a new "
+                      "MongoDBDurableTaskStore to use the database again",
+                      details={"where": where})

@@ -1,0 +1,562 @@
+"""The store's operations on one database: every transition through the shared state machine.
+
+A transition that changes the header (commit, acquire, release) is:
+
+1. take the task document (this store's cached copy, else one read);
+2. let :mod:`agentium_graph.store._transitions` decide, giving the ``$set`` paths;
+3. insert blobs and journal entries (insert-if-absent, deterministic ``_id``);
+4. one ``find_one_and_update`` filtered on ``_id`` + ``header.seq`` (compare-and-set).
+
+A miss in step 4 means another writer got there first: read again and decide again
+(bounded). Errors the state machine raises from a cached copy are re-checked against a
+fresh read before they are believed. Journal entries above the committed
+``header.journal_seq`` are invisible to readers; entries left there by a writer that lost
+its race or crashed are *claimed* (by bumping ``header.seq``, which fails any writer still
+holding them) and then replaced. Each update also records a random token in ``writes``, so
+a writer whose acknowledgement was lost recognizes its own write instead of applying it
+twice. ``request_cancel`` and ``renew_lease`` touch only their own fields, so they never
+conflict with the lease holder's compare-and-set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from pymongo import ReturnDocument
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import BulkWriteError, DuplicateKeyError
+
+from agentium_graph.errors import (
+    AgentiumGraphError,
+    StoreError,
+    StoreSchemaError,
+    StoreUnavailableError,
+    TaskNotFoundError,
+)
+from agentium_graph.store import (
+    TERMINAL_TASK,
+    AcquireLeaseRequest,
+    ActionRecord,
+    CancelTaskRequest,
+    CommitRequest,
+    CommitResult,
+    CreateTaskRequest,
+    CreateTaskResult,
+    JournalEntry,
+    LeaseGrant,
+    LeaseStatus,
+    ListTasksRequest,
+    NodeRecord,
+    ReleaseLeaseRequest,
+    RenewLeaseRequest,
+    TaskHeader,
+    TaskIdentity,
+    TaskSnapshot,
+    TimelineRequest,
+    acquire_lease,
+    apply_commit,
+    creation_entry,
+    identity_conflict,
+    needs,
+    release_lease,
+    renew_lease,
+    request_cancel,
+)
+from agentium_graph_mongodb._codec import (
+    BLOBS,
+    JOURNAL,
+    SCHEMA_VERSION,
+    TASKS,
+    blob_doc,
+    blob_text,
+    changed_header_fields,
+    charges_text,
+    check_version,
+    encode_key,
+    entry_from_doc,
+    header_doc,
+    header_from_doc,
+    journal_doc,
+    schema_errors,
+)
+from agentium_graph_mongodb._doc import WRITES_KEPT, DocCache, TaskDoc
+from agentium_graph_mongodb._errors import DUPLICATE_KEY
+
+T = TypeVar("T")
+R = TypeVar("R")
+_IN_CHUNK = 1000  # bound on the ids of one $in list
+_HEADER_ONLY = {"header": 1, "v": 1}
+_NOT_IDENTITY = {"identity": 0, "first_entry": 0}
+
+
+class IO(Protocol):
+    """The store's one way to the server: errors mapped, transient ones retried."""
+
+    def __call__(self, op: str, fn: Callable[[], Awaitable[T]], *,
+                 write: bool = False) -> Awaitable[T]: ...
+
+
+@dataclass(slots=True)
+class Counters:
+    reads: int = 0
+    writes: int = 0
+    round_trips: int = 0
+    transient_retries: int = 0
+    cas_misses: int = 0
+    cache_hits: int = 0
+    orphans_reclaimed: int = 0
+
+
+@dataclass(slots=True)
+class _Plan(Generic[R]):
+    """What a decided transition writes, and how its result is built from the post-image."""
+
+    sets: dict[str, Any]
+    finish: Callable[[TaskHeader], R]
+    journal: list[JournalEntry] = field(default_factory=list)
+    blobs: dict[str, str] = field(default_factory=dict)
+    guard: dict[str, Any] = field(default_factory=dict)  # extra filter conditions
+
+
+def _token() -> str:
+    return uuid.uuid4().hex
+
+
+class Session:
+    """Every protocol operation against one database (built once the database is ready)."""
+
+    def __init__(self, db: AsyncDatabase[dict[str, Any]], io: IO, counters: Counters,
+                 cache: DocCache, cas_attempts: int) -> None:
+        self.tasks: AsyncCollection[dict[str, Any]] = db[TASKS]
+        self.journal: AsyncCollection[dict[str, Any]] = db[JOURNAL]
+        self.blobs: AsyncCollection[dict[str, Any]] = db[BLOBS]
+        self.io = io
+        self.counters = counters
+        self.cache = cache
+        self.cas_attempts = cas_attempts
+
+    # --- reads ----------------------------------------------------------------------------
+    async def _find_one(self, op: str, key: str,
+                        projection: dict[str, int]) -> dict[str, Any] | None:
+        return await self.io(op, lambda: self.tasks.find_one({"_id": key}, projection))
+
+    async def load(self, op: str, key: str) -> TaskDoc:
+        raw = await self._find_one(op, key, _NOT_IDENTITY)
+        if raw is None:
+            raise TaskNotFoundError(key)
+        return TaskDoc.from_raw(raw)
+
+    async def get_header(self, key: str) -> TaskHeader | None:
+        raw = await self._find_one("get_header", key, _HEADER_ONLY)
+        return None if raw is None else _header(raw, key)
+
+    async def get_task(self, key: str) -> TaskSnapshot | None:
+        raw = await self._find_one("get_task", key, _NOT_IDENTITY)
+        if raw is None:
+            return None
+        doc = TaskDoc.from_raw(raw)
+        where = f"task document {key!r}"
+        with schema_errors(where):
+            nodes = [NodeRecord.model_validate_json(t) for t in doc.nodes.values()]
+            actions = [ActionRecord.model_validate_json(t) for t in doc.actions.values()]
+        return TaskSnapshot(header=doc.parsed_header(), nodes={n.node_id: n for n in nodes},
+                            actions={a.action_id: a for a in actions})
+
+    async def get_identity(self, key: str) -> TaskIdentity | None:
+        raw = await self._find_one("get_identity", key, {"identity": 1, "v": 1})
+        if raw is None:
+            return None
+        where = f"identity of task {key!r}"
+        check_version(raw, where)
+        with schema_errors(where):
+            return TaskIdentity.model_validate_json(raw["identity"])
+
+    async def list_tasks(self, request: ListTasksRequest) -> list[TaskHeader]:
+        query: dict[str, Any] = {}
+        if request.status is not None:
+            query["header.status"] = request.status
+        if request.after is not None:
+            query["_id"] = {"$gt": request.after}
+
+        async def run() -> list[dict[str, Any]]:
+            cursor = self.tasks.find(query, _HEADER_ONLY).sort("_id", 1).limit(request.limit)
+            return await cursor.to_list(None)
+        return [_header(raw, str(raw.get("_id"))) for raw in await self.io("list_tasks", run)]
+
+    async def get_blobs(self, digests: Sequence[str]) -> dict[str, str]:
+        wanted = sorted(set(digests))
+        out: dict[str, str] = {}
+        for start in range(0, len(wanted), _IN_CHUNK):
+            part = wanted[start:start + _IN_CHUNK]
+
+            async def run(part: list[str] = part) -> list[dict[str, Any]]:
+                return await self.blobs.find({"_id": {"$in": part}}).to_list(None)
+            for raw in await self.io("get_blobs", run):
+                out[str(raw["_id"])] = blob_text(raw)
+        return out
+
+    async def read_timeline(self, request: TimelineRequest) -> list[JournalEntry]:
+        key = request.key
+        raw = await self._find_one("read_timeline", key,
+                                   {"header.journal_seq": 1, "first_entry": 1, "v": 1})
+        if raw is None:
+            raise TaskNotFoundError(key)
+        where = f"task document {key!r}"
+        check_version(raw, where)
+        with schema_errors(where):
+            committed = int(raw["header"]["journal_seq"])
+            first = JournalEntry.model_validate_json(raw["first_entry"])
+        out: list[JournalEntry] = []
+        if request.after_seq < 1 <= committed:
+            out.append(first)  # the creation entry lives in the task document itself
+        after = max(request.after_seq, 1)
+        room = request.limit - len(out)
+        if room > 0 and committed > after:
+            # Only entries up to the committed journal_seq: anything above is an orphan.
+            async def run() -> list[dict[str, Any]]:
+                cursor = self.journal.find({"k": key, "s": {"$gt": after, "$lte": committed}})
+                return await cursor.sort("s", 1).limit(room).to_list(None)
+            docs = await self.io("read_timeline", run)
+            entries = [entry_from_doc(d) for d in docs]
+            expected = list(range(after + 1, after + 1 + min(room, committed - after)))
+            if [e.seq for e in entries] != expected:
+                missing = sorted(set(expected) - {e.seq for e in entries})
+                raise StoreSchemaError(
+                    f"MongoDB store: journal of task {key!r} is missing committed entries "
+                    f"{missing[:10]}; they were deleted by hand. Restore the journal "
+                    "collection from a backup", details={"key": key, "missing": missing[:10]})
+            out.extend(entries)
+        return out
+
+    # --- creation -------------------------------------------------------------------------
+    async def create_task(self, request: CreateTaskRequest) -> CreateTaskResult:
+        key = request.header.key
+        try:
+            entry = creation_entry(request)
+        except AgentiumGraphError:
+            existing = await self._find_one("create_task", key, {"header": 1, "identity": 1,
+                                                                 "writes": 1, "v": 1})
+            if existing is None:
+                raise
+            return self._existing(existing, request, token=None)
+        await self._insert_blobs("create_task", request.blobs)
+        token = _token()
+        doc = TaskDoc(key=key, header=header_doc(request.header),
+                      nodes={encode_key(n.node_id): n.model_dump_json() for n in request.nodes},
+                      admissions={encode_key(request.admission_id): charges_text({})},
+                      writes=[token])
+        raw = {"_id": key, "v": SCHEMA_VERSION, "header": doc.header,
+               "identity": request.identity.model_dump_json(),
+               "first_entry": entry.model_dump_json(), "nodes": doc.nodes, "actions": {},
+               "admissions": doc.admissions, "writes": doc.writes}
+
+        async def insert() -> bool:
+            try:
+                await self.tasks.insert_one(raw)
+            except DuplicateKeyError:
+                return False
+            return True
+        if await self.io("create_task", insert, write=True):
+            self.cache.put(doc)
+            return CreateTaskResult(created=True, header=doc.parsed_header())
+        existing = await self._find_one("create_task", key, {"header": 1, "identity": 1,
+                                                             "writes": 1, "v": 1})
+        if existing is None:  # created and deleted in between: a fresh attempt decides
+            raise StoreUnavailableError(
+                f"MongoDB store: task {key!r} was deleted while being created; create it again",
+                details={"key": key})
+        return self._existing(existing, request, token)
+
+    def _existing(self, raw: dict[str, Any], request: CreateTaskRequest,
+                  token: str | None) -> CreateTaskResult:
+        key = request.header.key
+        header = _header(raw, key)
+        if token is not None and token in raw.get("writes", []):
+            # Our own insert, acknowledged only on a retry after a lost reply.
+            return CreateTaskResult(created=True, header=header)
+        if header.identity_digest != request.header.identity_digest:
+            with schema_errors(f"identity of task {key!r}"):
+                identity = TaskIdentity.model_validate_json(raw["identity"])
+            identity_conflict(identity, request.identity)
+        return CreateTaskResult(created=False, header=header)
+
+    # --- compare-and-set transitions ------------------------------------------------------
+    async def acquire(self, request: AcquireLeaseRequest) -> LeaseGrant:
+        def decide(doc: TaskDoc) -> _Plan[LeaseGrant]:
+            header, entry = acquire_lease(doc.parsed_header(), request)
+            lease = doc.header.get("lease")
+            # Renewals do not move header.seq: guard on the expiry this decision saw.
+            guard = {"header.lease": None} if lease is None else {
+                "header.lease.expires_at": lease["expires_at"]}
+            return _Plan(sets=changed_header_fields(doc.header, header_doc(header)),
+                         finish=_grant, journal=[entry], guard=guard)
+        return await self._transition("acquire_lease", request.key, decide)
+
+    async def release(self, request: ReleaseLeaseRequest) -> TaskHeader:
+        def decide(doc: TaskDoc) -> _Plan[TaskHeader]:
+            header = release_lease(doc.parsed_header(), request)
+            return _Plan(sets=changed_header_fields(doc.header, header_doc(header)),
+                         finish=lambda post: post)
+        return await self._transition("release_lease", request.key, decide)
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        need = needs(request.steps)
+
+        def decide(doc: TaskDoc) -> _Plan[CommitResult]:
+            where = f"task document {doc.key!r}"
+            with schema_errors(where):
+                nodes = {i: NodeRecord.model_validate_json(doc.nodes[e]) for i in need.node_ids
+                         if (e := encode_key(i)) in doc.nodes}
+                actions = {i: ActionRecord.model_validate_json(doc.actions[e])
+                           for i in need.action_ids if (e := encode_key(i)) in doc.actions}
+            charged = {i for i in need.admission_ids if encode_key(i) in doc.admissions}
+            delta = apply_commit(doc.parsed_header(), nodes, actions, charged, request)
+            sets = changed_header_fields(doc.header, header_doc(delta.header))
+            for node in delta.nodes.values():
+                sets[f"nodes.{encode_key(node.node_id)}"] = node.model_dump_json()
+            for action in delta.actions.values():
+                sets[f"actions.{encode_key(action.action_id)}"] = action.model_dump_json()
+            for admission, amounts in delta.charges.items():
+                sets[f"admissions.{encode_key(admission)}"] = charges_text(amounts)
+
+            def finish(post: TaskHeader) -> CommitResult:
+                return CommitResult(header=post, nodes=delta.nodes, actions=delta.actions,
+                                    journal=tuple(delta.journal),
+                                    charged=tuple(delta.charges),
+                                    already_charged=tuple(delta.already_charged))
+            return _Plan(sets=sets, finish=finish, journal=delta.journal,
+                         blobs=dict(request.blobs))
+        return await self._transition("commit", request.key, decide)
+
+    async def _transition(self, op: str, key: str,
+                          decide: Callable[[TaskDoc], _Plan[R]]) -> R:
+        async with self.cache.lock(key):
+            doc = self.cache.get(key)
+            fresh = doc is None
+            if doc is not None:
+                self.counters.cache_hits += 1
+            token = _token()
+            blobs_written = False
+            for _ in range(self.cas_attempts):
+                if doc is None:
+                    doc, fresh = await self.load(op, key), True
+                try:
+                    plan = decide(doc)
+                except AgentiumGraphError:
+                    if fresh:
+                        raise
+                    self.cache.drop(key)  # believe a refusal only from a fresh read
+                    doc = None
+                    continue
+                if plan.blobs and not blobs_written:
+                    await self._insert_blobs(op, plan.blobs)
+                    blobs_written = True
+                if plan.journal and not await self._insert_journal(op, key, plan.journal,
+                                                                   token, doc.seq):
+                    self.cache.drop(key)
+                    doc = None
+                    continue
+                post = await self._compare_and_set(op, key, doc.seq, plan, token)
+                if post is not None:
+                    header = _header(post, key)
+                    doc.apply(plan.sets, dict(post["header"]), token)
+                    self.cache.put(doc)
+                    return plan.finish(header)
+                self.counters.cas_misses += 1
+                self.cache.drop(key)
+                doc, fresh = await self.load(op, key), True
+                if token in doc.writes:  # ours after all: the reply was lost, then retried
+                    self.cache.put(doc)
+                    return plan.finish(doc.parsed_header())
+                if plan.journal:
+                    await self._drop_orphans(op, key, plan.journal, token)
+            raise StoreUnavailableError(
+                f"MongoDB store: {op} on task {key!r} lost the compare-and-set race "
+                f"{self.cas_attempts} times in a row; other writers keep changing this task. "
+                "Retry; if it persists, check for several workers fighting over the task",
+                details={"key": key, "op": op, "attempts": self.cas_attempts})
+
+    async def _compare_and_set(self, op: str, key: str, seq: int, plan: _Plan[R],
+                               token: str) -> dict[str, Any] | None:
+        query = {"_id": key, "header.seq": seq, **plan.guard}
+        update = {"$set": plan.sets,
+                  "$push": {"writes": {"$each": [token], "$slice": -WRITES_KEPT}}}
+
+        async def run() -> dict[str, Any] | None:
+            return await self.tasks.find_one_and_update(
+                query, update, projection=_HEADER_ONLY, return_document=ReturnDocument.AFTER)
+        return await self.io(op, run, write=True)
+
+    # --- side documents: blobs and journal entries -----------------------------------------
+    async def _insert_many(self, op: str, collection: AsyncCollection[dict[str, Any]],
+                           docs: list[dict[str, Any]]) -> list[int]:
+        """Insert-if-absent; the indexes of documents whose ``_id`` already existed."""
+        async def run() -> list[int]:
+            try:
+                await collection.insert_many(docs, ordered=False)
+            except BulkWriteError as exc:
+                details = exc.details or {}
+                errors = details.get("writeErrors", [])
+                if details.get("writeConcernErrors") or any(
+                        e.get("code") != DUPLICATE_KEY for e in errors):
+                    raise
+                return sorted(int(e["index"]) for e in errors)
+            return []
+        return await self.io(op, run, write=True)
+
+    async def _insert_blobs(self, op: str, blobs: dict[str, str]) -> None:
+        if blobs:
+            await self._insert_many(op, self.blobs,
+                                    [blob_doc(d, text) for d, text in sorted(blobs.items())])
+
+    async def _insert_journal(self, op: str, key: str, entries: list[JournalEntry],
+                              token: str, seq: int) -> bool:
+        """Write this attempt's entries; False when the caller must read again and retry."""
+        docs = [journal_doc(key, e, token) for e in entries]
+        taken = [docs[i] for i in await self._insert_many(op, self.journal, docs)]
+        if not taken:
+            return True
+        ids = [d["_id"] for d in taken]
+
+        async def fetch() -> list[dict[str, Any]]:
+            return await self.journal.find({"_id": {"$in": ids}}, {"t": 1, "e": 1}).to_list(None)
+        found = {d["_id"]: d for d in await self.io(op, fetch)}
+        foreign: list[dict[str, Any]] = []
+        for want in taken:
+            have = found.get(want["_id"])
+            if have is None:
+                return False  # removed meanwhile by a claimant: start over
+            if have.get("t") != token:
+                foreign.append(have)
+            elif have.get("e") != want["e"]:
+                # This call's own earlier, abandoned attempt: nobody else can commit it.
+                async def replace(want: dict[str, Any] = want) -> int:
+                    res = await self.journal.replace_one({"_id": want["_id"], "t": token}, want)
+                    return res.matched_count
+                if not await self.io(op, replace, write=True):
+                    return False
+        if not foreign:
+            return True
+        return await self._claim(op, key, seq, foreign)
+
+    async def _claim(self, op: str, key: str, seq: int,
+                     foreign: list[dict[str, Any]]) -> bool:
+        """Entries of another writer sit where ours go. If the task moved on they were
+        committed (our copy is stale). Otherwise they are uncommitted: bump header.seq so
+        their writer can never commit them, then delete them. Either way, retry."""
+        head = await self._find_one(op, key, {"header.seq": 1})
+        if head is None:
+            raise TaskNotFoundError(key)
+        if head["header"]["seq"] != seq:
+            return False
+
+        async def bump() -> int:
+            res = await self.tasks.update_one({"_id": key, "header.seq": seq},
+                                              {"$set": {"header.seq": seq + 1}})
+            return res.matched_count
+        if not await self.io(op, bump, write=True):
+            return False
+        claimed = [{"_id": d["_id"], "t": d.get("t")} for d in foreign]
+
+        async def delete() -> int:
+            res = await self.journal.delete_many({"$or": claimed})
+            return res.deleted_count
+        self.counters.orphans_reclaimed += await self.io(op, delete, write=True)
+        return False
+
+    async def _drop_orphans(self, op: str, key: str, entries: list[JournalEntry],
+                            token: str) -> None:
+        """Best effort: remove a lost attempt's entries (a later writer would claim them)."""
+        ids = [journal_doc(key, e, token)["_id"] for e in entries]
+
+        async def delete() -> None:
+            await self.journal.delete_many({"_id": {"$in": ids}, "t": token})
+        with contextlib.suppress(StoreError):
+            await self.io(op, delete, write=True)
+
+    # --- lease renewal and cancel: their own fields only ------------------------------------
+    async def renew(self, request: RenewLeaseRequest) -> LeaseStatus:
+        key = request.key
+        cached = self.cache.get(key)
+        header = None if cached is None else cached.parsed_header()
+        fresh = header is None
+        for _ in range(self.cas_attempts):
+            if header is None:
+                header, fresh = await self._fresh_header("renew_lease", key), True
+            try:
+                renewed = renew_lease(header, request)
+            except AgentiumGraphError:
+                if fresh:
+                    raise
+                header = None
+                continue
+            lease = header_doc(renewed)["lease"]
+            query = {"_id": key, "header.fence": request.fence,
+                     "header.lease.owner": request.worker_id,
+                     "header.lease.fence": request.fence}
+            post = await self._update_header("renew_lease", query,
+                                             {"header.lease.expires_at": lease["expires_at"]})
+            if post is not None:
+                parsed = _header(post, key)
+                doc = self.cache.get(key)
+                if doc is not None and doc.seq == parsed.seq:
+                    doc.header = dict(post["header"])
+                assert parsed.lease is not None
+                return LeaseStatus(fence=parsed.fence, expires_at=parsed.lease.expires_at,
+                                   cancel=parsed.cancel)
+            self.counters.cas_misses += 1
+            header = None
+        raise StoreUnavailableError(
+            f"MongoDB store: renew_lease on task {key!r} kept racing other writers; retry",
+            details={"key": key, "op": "renew_lease"})
+
+    async def cancel(self, request: CancelTaskRequest) -> TaskHeader:
+        key = request.key
+        for _ in range(self.cas_attempts):
+            header = await self._fresh_header("request_cancel", key)
+            wanted = request_cancel(header, request)
+            if wanted is None:
+                return header
+            assert wanted.cancel is not None
+            query = {"_id": key, "header.cancel": None,
+                     "header.status": {"$nin": sorted(TERMINAL_TASK)}}
+            post = await self._update_header(
+                "request_cancel", query,
+                {"header.cancel": wanted.cancel.model_dump(mode="json")})
+            if post is not None:
+                return _header(post, key)
+            self.counters.cas_misses += 1
+        raise StoreUnavailableError(
+            f"MongoDB store: request_cancel on task {key!r} kept racing other writers; retry",
+            details={"key": key, "op": "request_cancel"})
+
+    async def _fresh_header(self, op: str, key: str) -> TaskHeader:
+        raw = await self._find_one(op, key, _HEADER_ONLY)
+        if raw is None:
+            raise TaskNotFoundError(key)
+        return _header(raw, key)
+
+    async def _update_header(self, op: str, query: dict[str, Any],
+                             sets: dict[str, Any]) -> dict[str, Any] | None:
+        async def run() -> dict[str, Any] | None:
+            return await self.tasks.find_one_and_update(
+                query, {"$set": sets}, projection=_HEADER_ONLY,
+                return_document=ReturnDocument.AFTER)
+        return await self.io(op, run, write=True)
+
+
+def _header(raw: dict[str, Any], key: str) -> TaskHeader:
+    where = f"task document {key!r}"
+    check_version(raw, where)
+    with schema_errors(where):
+        return header_from_doc(raw["header"], where)
+
+
+def _grant(post: TaskHeader) -> LeaseGrant:
+    assert post.lease is not None
+    return LeaseGrant(fence=post.fence, expires_at=post.lease.expires_at, header=post)
