@@ -358,6 +358,7 @@ class Session:
                     blobs_written = True
                 if plan.journal and not await self._insert_journal(op, key, plan.journal,
                                                                    token, doc.seq):
+                    self.counters.cas_misses += 1  # lost the race for the journal slots
                     self.cache.drop(key)
                     doc = None
                     continue

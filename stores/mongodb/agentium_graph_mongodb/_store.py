@@ -69,8 +69,9 @@ class MongoDBStoreStats:
 
     ``round_trips``: commands sent to the server (retries included). ``reads`` /
     ``writes``: logical read and write calls. ``transient_retries``: calls repeated after a
-    transient failure. ``cas_misses``: compare-and-set writes that found the task changed
-    by another writer (each costs one more read). ``cache_hits``: transitions that used the
+    transient failure. ``cas_misses``: writes that found the task changed by another
+    writer (a compare-and-set miss, or journal slots already taken), each followed by one
+    more read. ``cache_hits``: transitions that used the
     store's copy of the task instead of reading it. ``orphans_reclaimed``: journal entries
     of a crashed or outraced writer that were claimed and replaced.
     """

@@ -4,9 +4,9 @@ two-process tests included (children open the same database through the factory)
 from __future__ import annotations
 
 import pytest
-from agentium_graph_mongodb.testing import FACTORY
 
 from agentium_graph.testing import FactoryHarness, StoreConformanceSuite, StoreHarness
+from agentium_graph_mongodb.testing import FACTORY
 
 
 class TestMongoDBStoreConformance(StoreConformanceSuite):
