@@ -94,6 +94,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--dir", type=Path, default=None,
                         help="where databases and the floor files go (default: a new temp "
                              "dir, removed afterwards); its disk is the one measured")
+    parser.add_argument("--start-mongodb", action="store_true",
+                        help="without AGENTIUM_MONGODB_URI, start a throwaway MongoDB-compatible "
+                             "server the way the MongoDB store's tests do (mongod on PATH, else "
+                             "SecantusDB) and add the mongodb store")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -105,6 +109,8 @@ def main(argv: list[str]) -> int:
     from bench._stores import mongodb_available
 
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
+    if args.start_mongodb and "mongodb" not in stores:
+        stores.append("mongodb")
     if "mongodb" not in stores and mongodb_available() is None and \
             args.stores == DEFAULT_STORES:
         stores.append("mongodb")
@@ -116,11 +122,31 @@ def main(argv: list[str]) -> int:
     tasks = 50 if args.quick else 200
     directory: Path = args.dir or Path(tempfile.mkdtemp(prefix="agentium-bench-"))
     directory.mkdir(parents=True, exist_ok=True)
+    server: Any = None
     try:
+        if args.start_mongodb and mongodb_available() is not None:
+            server = _start_mongodb(directory)
         return _drive(directory, stores, workloads, repeats, tasks, args.quick)
     finally:
+        if server is not None:
+            server.stop()
         if args.dir is None:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+def _start_mongodb(directory: Path) -> Any:
+    from agentium_graph_mongodb.testing import choose_server, start_server
+    from bench._stores import MONGODB_URI_ENV
+
+    choice = choose_server()
+    if choice.kind == "none":
+        raise SystemExit(f"--start-mongodb: {choice.detail}")
+    workdir = directory / "mongodb-server"
+    workdir.mkdir(parents=True, exist_ok=True)
+    server = start_server(choice, workdir)
+    os.environ[MONGODB_URI_ENV] = server.uri  # children inherit it
+    emit({"kind": "env", "mongodb_server": choice.kind, "detail": choice.detail})
+    return server
 
 
 def _drive(directory: Path, stores: list[str], workloads: list[str], repeats: int,
@@ -137,11 +163,13 @@ def _drive(directory: Path, stores: list[str], workloads: list[str], repeats: in
         emit(line)
     floor_ms = floor_lines[0]["median_ms"]
     results: dict[tuple[str, str], dict[str, Any]] = {}
+    run_id = f"{os.getpid():x}{int(time.time()) % 100_000:x}"
     for workload in workloads:
         for store in stores:
             line = _run_child({"role": "workload", "workload": workload, "store": store,
                                "dir": str(directory / f"{workload.lower()}-{store}"),
-                               "repeats": repeats, "tasks": tasks})
+                               "repeats": repeats, "tasks": tasks,
+                               "tag": f"{run_id}_{workload.lower()}"})
             line = {"kind": "result", "workload": workload, "store": store, **line}
             if store == "sqlite" and line.get("durable_commits_per_node") is not None and \
                     "per_node_ms" in line:
@@ -178,14 +206,15 @@ def _child(spec: dict[str, Any]) -> int:
         out = asyncio.run(_recovery.recover(spec))
     else:
         workload, store, directory = spec["workload"], spec["store"], Path(spec["dir"])
+        tag = spec["tag"]
         if workload == "W1":
-            out = asyncio.run(_workloads.w1(store, directory, spec["repeats"]))
+            out = asyncio.run(_workloads.w1(store, directory, spec["repeats"], tag))
         elif workload == "W2":
-            out = asyncio.run(_workloads.w2(store, directory, spec["repeats"]))
+            out = asyncio.run(_workloads.w2(store, directory, spec["repeats"], tag))
         elif workload == "W3":
-            out = asyncio.run(_workloads.w3(store, directory, spec["tasks"]))
+            out = asyncio.run(_workloads.w3(store, directory, spec["tasks"], tag))
         else:
-            out = asyncio.run(_recovery.w4(store, directory))
+            out = asyncio.run(_recovery.w4(store, directory, tag))
         out["peak_rss_mb"] = _recovery.peak_rss_mb()
     print(json.dumps(out), flush=True)
     return 0
@@ -200,8 +229,14 @@ def _summarize(results: dict[tuple[str, str], dict[str, Any]]) -> int:
             continue  # optional store, not benchmarked here
         verdict: bool | None = None if value is None else OPS[target.op](value, target.limit)
         counts["not_run" if verdict is None else "pass" if verdict else "fail"] += 1
-        emit({"kind": "target", "target": target.label, "workload": target.workload,
-              "store": target.store, "limit": f"{target.op} {target.limit:g} {target.unit}",
-              "measured": value, "pass": verdict})
+        out: dict[str, Any] = {
+            "kind": "target", "target": target.label, "workload": target.workload,
+            "store": target.store, "limit": f"{target.op} {target.limit:g} {target.unit}",
+            "measured": value, "pass": verdict}
+        if line is None:
+            out["note"] = "not run (choose it with --stores/--workloads)"
+        elif verdict is None:
+            out["note"] = line.get("error") or line.get("skipped") or "not measured"
+        emit(out)
     emit({"kind": "summary", **counts})
     return 0

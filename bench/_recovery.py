@@ -23,7 +23,7 @@ from typing import Any
 
 from agentium_graph import ExecutionGraphRuntime
 from bench._graphs import ROOT_LIMITS, ToolLog, catalog, chain, chain_answer
-from bench._stores import DURABLE, Probe, open_store
+from bench._stores import DURABLE, Probe, discard, open_store
 from bench._workloads import _costs
 
 LENGTH = 100
@@ -138,13 +138,22 @@ def _reruns(log: ToolLog, crash: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def w4(store_name: str, directory: Path) -> dict[str, Any]:
+async def w4(store_name: str, directory: Path, tag: str) -> dict[str, Any]:
     if store_name not in DURABLE:
         return {"nodes": LENGTH, "skipped": f"the {store_name} store is not durable: a killed "
                 "process loses it, so there is nothing to recover"}
     base = {"store": store_name, "dir": str(directory)}
+    try:
+        return await _w4(store_name, directory, base, tag)
+    finally:
+        discard(store_name, f"{tag}a")
+        discard(store_name, f"{tag}b")
+
+
+async def _w4(store_name: str, directory: Path, base: dict[str, Any],
+              tag: str) -> dict[str, Any]:
     # (a) recovered by a fresh process.
-    spec_a = {**base, "tag": "w4a", "key": "w4-a", "log": str(directory / "w4a.log")}
+    spec_a = {**base, "tag": f"{tag}a", "key": "w4-a", "log": str(directory / "w4a.log")}
     crash_a = await _crash(spec_a)
     t0 = time.perf_counter()
     proc = child({**spec_a, "role": "w4-recover"})
@@ -155,7 +164,7 @@ async def w4(store_name: str, directory: Path) -> dict[str, Any]:
     fresh = last_json(out)
     check_a = _reruns(ToolLog(Path(spec_a["log"]), fsync=False), crash_a)
     # (b) recovered in this process: open the store + runtime.run.
-    spec_b = {**base, "tag": "w4b", "key": "w4-b", "log": str(directory / "w4b.log")}
+    spec_b = {**base, "tag": f"{tag}b", "key": "w4-b", "log": str(directory / "w4b.log")}
     crash_b = await _crash(spec_b)
     log_b = ToolLog(Path(spec_b["log"]), fsync=False)
     host_catalog = catalog(log_b)

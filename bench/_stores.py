@@ -49,10 +49,24 @@ def open_store(name: str, directory: Path, tag: str) -> DurableTaskStore:
         # (journaled majority). Its ``stats`` are read like SQLite's if it has them.
         module: Any = importlib.import_module("agentium_graph_mongodb")
         uri = os.environ[MONGODB_URI_ENV]
-        store: DurableTaskStore = module.MongoDBDurableTaskStore(
-            uri, database=f"agentium_bench_{tag}")
+        store: DurableTaskStore = module.MongoDBDurableTaskStore(uri,
+                                                                 database=mongodb_database(tag))
         return store
     raise SystemExit(f"unknown store {name!r}; use memory, sqlite, sqlite-normal or mongodb")
+
+
+def mongodb_database(tag: str) -> str:
+    return f"agentium_bench_{tag}"
+
+
+def discard(store_name: str, tag: str) -> None:
+    """Drop what a run left in a server-side store (the SQLite files go with the dir)."""
+    if store_name != "mongodb":
+        return
+    from agentium_graph_mongodb.testing import MongoServer
+
+    MongoServer("uri", os.environ[MONGODB_URI_ENV], "bench").drop_database(
+        mongodb_database(tag))
 
 
 def store_files(store: DurableTaskStore) -> list[Path]:
@@ -136,8 +150,9 @@ def durable_commits(delta: dict[str, Any], store_name: str) -> int | None:
     if store_name == "memory":
         return None
     stats: dict[str, int] = delta["stats"]
-    if "commits" in stats:
-        return stats["commits"]
+    for name in ("commits", "writes"):  # SQLite counts commits, MongoDB write calls
+        if name in stats:
+            return stats[name]
     calls: dict[str, int] = delta["calls"]
     return sum(calls.values())
 

@@ -21,7 +21,15 @@ from bench._graphs import (
     fanout,
     fanout_answer,
 )
-from bench._stores import DURABLE, Probe, Sample, durable_commits, open_store, round_trips
+from bench._stores import (
+    DURABLE,
+    Probe,
+    Sample,
+    discard,
+    durable_commits,
+    open_store,
+    round_trips,
+)
 
 WORKER = "bench-worker"
 CHAIN_LENGTH = 100
@@ -97,9 +105,9 @@ async def _timed_runs(runtime: ExecutionGraphRuntime, probe: Probe, store_name: 
     }
 
 
-async def w1(store_name: str, directory: Path, repeats: int) -> dict[str, Any]:
+async def w1(store_name: str, directory: Path, repeats: int, tag: str) -> dict[str, Any]:
     """A chain of 100 pure nodes: ``runtime.run`` wall time per node."""
-    runtime, probe = _runtime(store_name, directory, "w1")
+    runtime, probe = _runtime(store_name, directory, tag)
     try:
         await _warm_up(runtime)
         out = await _timed_runs(runtime, probe, store_name, "w1", chain(CHAIN_LENGTH),
@@ -107,26 +115,28 @@ async def w1(store_name: str, directory: Path, repeats: int) -> dict[str, Any]:
                                 (f"n{CHAIN_LENGTH - 1}", chain_answer(CHAIN_LENGTH)))
     finally:
         await runtime.store.close()
+        discard(store_name, tag)
     return {**out, "config": {"chain": CHAIN_LENGTH}}
 
 
-async def w2(store_name: str, directory: Path, repeats: int) -> dict[str, Any]:
+async def w2(store_name: str, directory: Path, repeats: int, tag: str) -> dict[str, Any]:
     """src -> 100 parallel nodes -> join: wall time of ``runtime.run``."""
-    runtime, probe = _runtime(store_name, directory, "w2")
+    runtime, probe = _runtime(store_name, directory, tag)
     try:
         await _warm_up(runtime)
         out = await _timed_runs(runtime, probe, store_name, "w2", fanout(FANOUT_WIDTH),
                                 FANOUT_WIDTH + 2, repeats, ("join", fanout_answer(FANOUT_WIDTH)))
     finally:
         await runtime.store.close()
+        discard(store_name, tag)
     return {**out, "config": {"width": FANOUT_WIDTH,
                               "max_concurrent_work": ROOT_LIMITS.max_concurrent_work,
                               "max_concurrency": FANOUT_CONCURRENCY}}
 
 
-async def w3(store_name: str, directory: Path, tasks: int) -> dict[str, Any]:
+async def w3(store_name: str, directory: Path, tasks: int, tag: str) -> dict[str, Any]:
     """``tasks`` tasks of a 5-node chain, one after another: create + run each."""
-    runtime, probe = _runtime(store_name, directory, "w3")
+    runtime, probe = _runtime(store_name, directory, tag)
     program = chain(W3_CHAIN)
     answer = chain_answer(W3_CHAIN)
     try:
@@ -144,6 +154,7 @@ async def w3(store_name: str, directory: Path, tasks: int) -> dict[str, Any]:
         delta = probe.sample().minus(before)
     finally:
         await runtime.store.close()
+        discard(store_name, tag)
     nodes = tasks * W3_CHAIN
     costs = _costs(delta, store_name, nodes)
     commits = costs["durable_commits"]
