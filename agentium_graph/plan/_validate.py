@@ -444,6 +444,10 @@ def _check_dependencies(node: dict[str, Any], where: str, nid: str, binding: Bin
             diags.add(f"{rwhere}.$ref.node", "self_dependency",
                       f"node {nid!r} cannot reference its own output", nid)
             continue
+        if target in PSEUDO_REFS and target not in ids:
+            # Values the runtime supplies, not node outputs: no dependency, no path check.
+            node_refs.append(Ref(arg_path=arg_path, node=target, path=path))
+            continue
         if target not in ids:
             diags.add(f"{rwhere}.$ref.node", "unknown_reference",
                       f"$ref names unknown node {target!r}", nid)
@@ -457,6 +461,12 @@ def _check_dependencies(node: dict[str, Any], where: str, nid: str, binding: Bin
                           f"binding {binding.id!r} accepts references only at "
                           f"{list(binding.reference_inputs)}, not at {dotted!r}", nid)
     return found, node_refs
+
+
+# Reference targets supplied by the runtime instead of a node: ``$input`` is the task's
+# input at the root and the container's args inside a nested graph or repeat; ``$previous``
+# is the previous iteration's outputs inside a repeat (null in the first iteration).
+PSEUDO_REFS: frozenset[str] = frozenset({"$input", "$previous"})
 
 
 def _covered(dotted: str, allowed: Collection[str]) -> bool:

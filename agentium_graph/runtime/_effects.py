@@ -27,7 +27,7 @@ from agentium_graph._otel import span
 from agentium_graph.catalog._bindings import ToolBinding
 from agentium_graph.connectors import Absent, ActionOutcome, ActionRequest, Unknown
 from agentium_graph.errors import BudgetExhaustedError, ErrorInfo, NodeFailedError
-from agentium_graph.plan._validate import CompiledNode
+from agentium_graph.runtime._graph import NodeSpec
 from agentium_graph.runtime._outcome import Outcome, check_output
 from agentium_graph.store._records import ActionRecord, NodeRecord
 from agentium_graph.store._requests import Charge, RecordAction, StartAttempt, Step
@@ -60,7 +60,7 @@ def origin_of(binding: ToolBinding, catalog_digest: str) -> dict[str, Any]:
             "destination": binding.destination, "catalog_digest": catalog_digest}
 
 
-def start_steps(run: TaskRun, node: CompiledNode, rec: NodeRecord, attempt: str,
+def start_steps(run: TaskRun, node: NodeSpec, rec: NodeRecord, attempt: str,
                 args: dict[str, Any], input_digest: str
                 ) -> tuple[list[Step], dict[str, int], ActionRecord | None]:
     """Steps that start an effect node's attempt, and the charges they carry.
@@ -93,7 +93,7 @@ def start_steps(run: TaskRun, node: CompiledNode, rec: NodeRecord, attempt: str,
     return steps, DISPATCH_CHARGES, base
 
 
-async def execute_effect(run: TaskRun, node: CompiledNode, args: dict[str, Any]) -> Outcome:
+async def execute_effect(run: TaskRun, node: NodeSpec, args: dict[str, Any]) -> Outcome:
     """Dispatch (or reconcile) the node's action; never dispatch blindly twice."""
     binding = node.binding
     assert isinstance(binding, ToolBinding)
@@ -127,7 +127,7 @@ async def execute_effect(run: TaskRun, node: CompiledNode, args: dict[str, Any])
     return await _dispatch(run, node, connector, request, action)
 
 
-async def _dispatch(run: TaskRun, node: CompiledNode, connector: Any, request: ActionRequest,
+async def _dispatch(run: TaskRun, node: NodeSpec, connector: Any, request: ActionRequest,
                     action: ActionRecord) -> Outcome:
     with span("agentium_graph.connector.dispatch", {"agentium.task.key": run.key,
                                                     "agentium.node.id": node.id,
@@ -157,7 +157,7 @@ async def _dispatch(run: TaskRun, node: CompiledNode, connector: Any, request: A
     return receipt(run, node, action, result, source="dispatch")
 
 
-def receipt(run: TaskRun, node: CompiledNode, action: ActionRecord, result: ActionOutcome,
+def receipt(run: TaskRun, node: NodeSpec, action: ActionRecord, result: ActionOutcome,
             *, source: str) -> Outcome:
     checked = check_output(node.id, node.binding, result.output)
     if checked.state != "completed":
@@ -209,7 +209,7 @@ async def reconcile(run: TaskRun, connector: Any,
     return last
 
 
-async def _reuse_receipt(run: TaskRun, node: CompiledNode, action: ActionRecord) -> Outcome:
+async def _reuse_receipt(run: TaskRun, node: NodeSpec, action: ActionRecord) -> Outcome:
     assert action.outcome_digest is not None
     blobs = await run.store.get_blobs([action.outcome_digest])
     text = blobs.get(action.outcome_digest)

@@ -40,10 +40,12 @@ from agentium_graph.errors import (
     StoreUnavailableError,
     TaskCanceledError,
 )
-from agentium_graph.plan._validate import CompiledNode, CompiledPlan, resolve_args
+from agentium_graph.plan._validate import CompiledPlan, resolve_args
+from agentium_graph.runtime import _containers as containers
 from agentium_graph.runtime import _effects as effects
 from agentium_graph.runtime._admission import AdmissionController, Ticket
 from agentium_graph.runtime._context import ToolContext, reset_context, set_context
+from agentium_graph.runtime._graph import FlatGraph, NodeSpec
 from agentium_graph.runtime._outcome import Outcome, check_output, schema_error
 from agentium_graph.runtime._states import RESTARTABLE
 from agentium_graph.runtime._views import TaskResult
@@ -128,11 +130,12 @@ class TaskRun:
         self.catalog_digest = state.identity.catalog_digest
         self.caller = {"task": key}
         self.submissions: list[_Submission] = []
-        self.plan = plan
+        self.graph = FlatGraph(plan)
+        self.container_args: dict[str, dict[str, Any]] = {}
+        self.task_input = state.identity.input
         limits = state.header.limits
         capacity = runtime.limits_for(state.header).max_concurrent_work
         self.admission = AdmissionController(key, capacity, self.clock, runtime.on_admission)
-        self.concurrency = plan.max_concurrency
         self.running: dict[str, _Running] = {}
         self.ready: dict[str, _Ready] = {}
         self.finished: list[tuple[str, Outcome]] = []
@@ -144,7 +147,14 @@ class TaskRun:
         self.lost: BaseException | None = None
         self.cancel_reason: str | None = None
         self.uncertain: list[str] = []
+        self.again = False  # set when a turn materialized nodes that may be ready now
         self._limits = limits
+        containers.restore(self)
+        for cid in self.graph.order:
+            spec = self.graph.specs[cid]
+            if containers.is_container(spec) and self.nodes[cid].state == "running":
+                with contextlib.suppress(NodeInputError):
+                    self.container_args[cid] = self._prepare_args(spec)
 
     # --- public entry ---------------------------------------------------------------
     async def execute(self) -> TaskResult:
@@ -178,9 +188,11 @@ class TaskRun:
             self._settle_finished(steps, blobs)
             pending: dict[str, int] = {}
             accepted = self._drain_submissions(steps, blobs, pending)
+            if self.stop is None:
+                containers.advance(self, steps, blobs, pending)
             launch: list[_Ready] = []
             if self.stop is None:
-                self._request_ready(steps)
+                self._request_ready(steps, pending)
                 launch = self._start_granted(steps, pending)
             final = self._final_steps(launch)
             steps.extend(final)
@@ -199,6 +211,9 @@ class TaskRun:
                 return self._finish()
             for item in launch:
                 self._launch(item)
+            if self.graph.changed:
+                self.graph.changed = False
+                self.again = True
             await self._wait()
 
     async def submit(self, steps: list[Step], blobs: dict[str, str] | None = None) -> None:
@@ -262,13 +277,14 @@ class TaskRun:
     def _cancellable(self, node_id: str) -> bool:
         # Effects are never preempted: a connector honors cancellation itself, and the
         # receipt of accepted remote work must still be recorded.
-        binding = self.plan.nodes[node_id].binding if node_id in self.plan.nodes else None
+        spec = self.graph.specs.get(node_id)
+        binding = spec.binding if spec is not None else None
         return isinstance(binding, ToolBinding) and binding.execute is not None and \
             inspect.iscoroutinefunction(binding.execute)
 
     def _check_recoverable(self) -> None:
         """A crash may have left a failed node without a failed task; finish that first."""
-        for node_id in self.plan.order:
+        for node_id in self.graph.order:
             rec = self.nodes[node_id]
             if rec.state == "failed" and self.stop is None:
                 self._begin_stop(self._failure_stop(node_id, rec.error))
@@ -326,17 +342,27 @@ class TaskRun:
                     self._begin_stop(self._failure_stop(node_id, outcome.error))
 
     # --- admit ----------------------------------------------------------------------
-    def _is_ready(self, node: CompiledNode) -> bool:
-        rec = self.nodes[node.id]
+    def _is_ready(self, node: NodeSpec) -> bool:
+        rec = self.nodes.get(node.id)
+        if rec is None:
+            return False  # materialized this turn; ready once the commit recorded it
         return (rec.state in RESTARTABLE and node.id not in self.running and
                 node.id not in self.ready and node.id not in self.done and
                 all(d in self.done for d in node.deps))
 
-    def _request_ready(self, steps: list[Step]) -> None:
-        for node_id in self.plan.order:
-            node = self.plan.nodes[node_id]
+    def _request_ready(self, steps: list[Step], pending: dict[str, int]) -> None:
+        in_scope: dict[str, int] = {}
+        for active in (*self.running, *self.ready):
+            prefix = self.graph.specs[active].scope
+            in_scope[prefix] = in_scope.get(prefix, 0) + 1
+        for node_id in list(self.graph.order):
+            node = self.graph.specs[node_id]
             if not self._is_ready(node):
                 continue
+            leaf = not containers.is_container(node)
+            if leaf and in_scope.get(node.scope, 0) >= \
+                    self.graph.scopes[node.scope].concurrency:
+                continue  # its plan's concurrency is full: ask for a permit later
             try:
                 args = self._prepare_args(node)
             except NodeInputError as exc:
@@ -344,13 +370,52 @@ class TaskRun:
                 self.closed.add(node_id)
                 self._begin_stop(self._failure_stop(node_id, exc.to_info()))
                 return
+            if containers.is_container(node):
+                # Containers hold no permit: entering one only materializes its children.
+                if self.nodes[node_id].state == "running":
+                    continue
+                if not containers.enter(self, node, args, digest(args), steps, pending):
+                    return
+                continue
+            in_scope[node.scope] = in_scope.get(node.scope, 0) + 1
             self.ready[node_id] = _Ready(node_id, args, digest(args),
                                          self.admission.request(node_id))
 
-    def _prepare_args(self, node: CompiledNode) -> dict[str, Any]:
+    def admit_charges(self, node_id: str, charges: dict[str, int], pending: dict[str, int],
+                      adm: str | None) -> bool:
+        """Reserve ``charges`` in this turn's commit, or begin a budget stop."""
+        exhausted = self._exceeds(charges, pending)
+        if exhausted is not None:
+            counter, used, limit = exhausted
+            self.admission.emit("exhausted", node_id, admission_id=adm, counter=counter)
+            self._begin_stop(_Stop("budget", BudgetExhaustedError(
+                self.key, counter, used, charges[counter], limit, node_id=node_id)))
+            return False
+        for name, amount in charges.items():
+            pending[name] = pending.get(name, 0) + amount
+        return True
+
+    def fail(self, node_id: str, info: ErrorInfo) -> None:
+        if self.stop is None:
+            self._begin_stop(self._failure_stop(node_id, info))
+
+    def _ref_values(self, node: NodeSpec) -> dict[str, Any]:
+        scope = self.graph.scopes[node.scope]
+        values: dict[str, Any] = {}
+        for ref in node.refs:
+            if ref.node == "$input":
+                values["$input"] = self.task_input if scope.parent is None else \
+                    self.container_args.get(scope.parent)
+            elif ref.node == "$previous":
+                values["$previous"] = containers.previous_outputs(self, node)
+            elif node.scope + ref.node in self.outputs:
+                values[ref.node] = self.outputs[node.scope + ref.node]
+        return values
+
+    def _prepare_args(self, node: NodeSpec) -> dict[str, Any]:
         try:
-            args: dict[str, Any] = resolve_args(node.args, self.outputs) if node.refs \
-                else node.args
+            args: dict[str, Any] = resolve_args(node.args, self._ref_values(node)) \
+                if node.refs else node.args
         except LookupError as exc:
             raise NodeInputError(f"node {node.id!r}: {exc}", node_id=node.id) from None
         if node.refs:
@@ -362,14 +427,11 @@ class TaskRun:
 
     def _start_granted(self, steps: list[Step], pending: dict[str, int]) -> list[_Ready]:
         launch: list[_Ready] = []
-        active_here = len(self.running)
         for node_id in list(self.ready):
             item = self.ready[node_id]
             if not item.ticket.granted:
                 break  # FIFO: later arrivals wait behind the first queued one
-            if active_here + len(launch) >= self.concurrency:
-                break
-            node = self.plan.nodes[node_id]
+            node = self.graph.specs[node_id]
             rec = self.nodes[node_id]
             att = attempt_id(rec.incarnation_id, len(rec.attempts) + 1)
             if _is_effect(node):
@@ -415,7 +477,7 @@ class TaskRun:
 
     # --- run a leaf -----------------------------------------------------------------
     def _launch(self, item: _Ready) -> None:
-        node = self.plan.nodes[item.node_id]
+        node = self.graph.specs[item.node_id]
         rec = self.nodes[item.node_id]
         attempt = rec.attempts[-1]
         ctx = ToolContext(key=self.key, node_id=node.id, attempt=attempt.number,
@@ -440,7 +502,7 @@ class TaskRun:
             self.finished.append((node_id, outcome))
         self.wake.set()
 
-    async def _invoke(self, node: CompiledNode, args: dict[str, Any],
+    async def _invoke(self, node: NodeSpec, args: dict[str, Any],
                       ctx: ToolContext) -> Outcome:
         binding = node.binding
         if not isinstance(binding, ToolBinding) or binding.execute is None:
@@ -488,12 +550,12 @@ class TaskRun:
             return []
         stop = self.stop
         if stop is None:
-            if any(n not in self.done for n in self.plan.order):
+            if any(n not in self.done for n in self.graph.order):
                 return []  # more nodes become ready next turn
             return [SetStatus(status="completed", release_lease=True)]
         # Stopping and nothing is running: close every open node, then the task.
         steps: list[Step] = []
-        for node_id in self.plan.order:
+        for node_id in self.graph.order:
             if node_id not in self.closed and stop.reason not in ("budget", "recovery"):
                 steps.append(SettleNode(node_id=node_id, state="canceled",
                                         error=stop.error.to_info()))
@@ -520,14 +582,20 @@ class TaskRun:
                           revision=self.header.revision, counters=dict(self.header.counters))
 
     def top_outputs(self) -> dict[str, Any]:
-        return {n: self.outputs[n] for n in self.plan.order if n in self.outputs}
+        return {n: self.outputs[n] for n in self.graph.root.members if n in self.outputs}
 
     async def _wait(self) -> None:
-        if self.finished or self.submissions or self.lost is not None:
+        if self.finished or self.submissions or self.lost is not None or self.again:
+            self.again = False
             return
-        if any(item.ticket.granted for item in self.ready.values()) and \
-                len(self.running) < self.concurrency:
+        if any(item.ticket.granted for item in self.ready.values()):
             return
+        if not self.running and not self.ready and self.stop is None:
+            # Nothing runs, nothing waits for a permit, yet work remains: a bug, not a wait.
+            stuck = [n for n in self.graph.order if n not in self.done][:10]
+            raise AgentiumGraphError(
+                f"task {self.key!r}: the scheduler stalled with nodes {stuck} unfinished; "
+                "this is a bug in agentium-graph, please report it with the task's timeline")
         timeout: float | None = None
         deadline = self.header.deadline
         if deadline is not None and self.stop is None:
@@ -572,5 +640,5 @@ class TaskRun:
         self.running.clear()
 
 
-def _is_effect(node: CompiledNode) -> bool:
+def _is_effect(node: NodeSpec) -> bool:
     return isinstance(node.binding, ToolBinding) and node.binding.connector is not None

@@ -139,6 +139,7 @@ class ExecutionGraphRuntime:
         self.lookup_attempts = lookup_attempts
         self._active: dict[str, TaskRun] = {}
         self._root_limits: dict[str, RootLimits] = {}
+        self._nested: dict[tuple[str, str, tuple[str, ...] | None], CompiledPlan] = {}
 
     # --- create ---------------------------------------------------------------------
     async def create(self, key: str, program: ExecutionGraphProgram, *, input: Any = None,
@@ -160,6 +161,14 @@ class ExecutionGraphRuntime:
         plan = validate_plan(program.plan, self.catalog, limits=program.limits,
                              grants=grant_list)
         self._check_input(program, input)
+        used = _used_bindings(plan, self.catalog)
+        if grant_list is not None:
+            ungranted = sorted({b.id for b in used} - set(grant_list))
+            if ungranted:
+                raise PlanValidationError([Diagnostic(
+                    path="$", code="binding_not_granted",
+                    message=f"nested programs or agents use bindings {ungranted} that are "
+                            "not among the task's grants")])
         n = len(plan.order)
         if n > limits.max_expanded_nodes:
             raise PlanValidationError([Diagnostic(
@@ -171,7 +180,7 @@ class ExecutionGraphRuntime:
             key=key, catalog_digest=self.catalog.digest, program=program.descriptor(),
             plan=json_copy(program.plan),
             descriptors={f"{b.id}@{b.version}": b.descriptor().model_dump(mode="json")
-                         for b in _used_bindings(plan, self.catalog)},
+                         for b in used},
             input=json_copy(input), input_digest=digest(input),
             policy_revision=policy_revision or self.policy_revision, grants=grant_list,
             budgets=budgets.model_dump(), root_limits=limits.model_dump(),
@@ -268,6 +277,19 @@ class ExecutionGraphRuntime:
                 key=key, worker_id=worker_id, fence=fence, now=self.clock()))
         except (StaleFenceError, StoreError) as exc:
             log.info("task %s: lease not released (%s); it will expire", key, exc)
+
+    def nested_plan(self, binding: GraphBinding | RepeatBinding,
+                    grants: tuple[str, ...] | None) -> CompiledPlan:
+        """The compiled program of a graph/repeat binding (validated once, then cached)."""
+        key = (binding.id, binding.version, grants)
+        plan = self._nested.get(key)
+        if plan is None:
+            assert binding.program.plan is not None
+            plan = validate_plan(binding.program.plan, self.catalog,
+                                 limits=binding.program.limits, grants=grants,
+                                 subject=f"program of {binding.kind} binding {binding.id!r}")
+            self._nested[key] = plan
+        return plan
 
     def limits_for(self, header: TaskHeader) -> RootLimits:
         return self._root_limits.get(header.key) or self.limits

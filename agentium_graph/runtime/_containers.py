@@ -1,0 +1,203 @@
+"""Graph and repeat containers: materialize children, wait for them, settle the container.
+
+Containers never hold a root permit: they are bookkeeping in the scheduler loop, so a task
+with ``max_concurrent_work=1`` completes any nesting. Entering a container is one commit
+(its attempt + its children as new node incarnations, charged to ``expanded_nodes`` and
+``plan_revisions``); a repeat's guard decision is journaled with the next iteration's
+materialization (or the container's completion), so recovery resumes at the right iteration
+and never re-runs a completed one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from agentium_graph._canonical import (
+    admission_id,
+    attempt_id,
+    canonical_json,
+    digest,
+    digest_text,
+    incarnation_id,
+)
+from agentium_graph.catalog._bindings import GraphBinding, RepeatBinding
+from agentium_graph.errors import ErrorInfo, NodeFailedError
+from agentium_graph.plan._validate import CompiledPlan
+from agentium_graph.runtime._graph import NodeSpec, Scope, child_prefix
+from agentium_graph.store._records import NodeRecord
+from agentium_graph.store._requests import (
+    AddNodes,
+    AppendJournal,
+    Charge,
+    SettleNode,
+    StartAttempt,
+    Step,
+)
+
+if TYPE_CHECKING:
+    from agentium_graph.runtime._run import TaskRun
+
+
+def is_container(spec: NodeSpec) -> bool:
+    return isinstance(spec.binding, GraphBinding | RepeatBinding)
+
+
+def child_records(key: str, scope: Scope, container: str) -> tuple[NodeRecord, ...]:
+    return tuple(node_record(key, scope.plan, scope.prefix, local, container)
+                 for local in scope.plan.order)
+
+
+def node_record(key: str, plan: CompiledPlan, prefix: str, local: str,
+                parent: str | None) -> NodeRecord:
+    node = plan.nodes[local]
+    path = prefix + local
+    return NodeRecord(
+        node_id=path,
+        incarnation_id=incarnation_id(key, path, plan.revision, node.binding.id,
+                                      node.binding.version, digest(node.args)),
+        kind=node.binding.kind, binding=node.binding.id, version=node.binding.version,
+        revision=plan.revision, parent=parent, deps=tuple(prefix + d for d in node.deps))
+
+
+def materialize(run: TaskRun, spec: NodeSpec, iteration: int | None,
+                pending: dict[str, int]) -> tuple[list[Step], Scope] | None:
+    """Steps that add one scope of children under ``spec``; None when a limit forbids it."""
+    binding = spec.binding
+    assert isinstance(binding, GraphBinding | RepeatBinding)
+    plan = run.rt.nested_plan(binding, run.grants)
+    prefix = child_prefix(spec.id, iteration)
+    scope = Scope(prefix, plan, spec.id, iteration)
+    records = child_records(run.key, scope, spec.id)
+    rec = run.nodes[spec.id]
+    tag = "graph" if iteration is None else f"iteration:{iteration}"
+    expand = admission_id(rec.incarnation_id, f"expand:{tag}")
+    revise = admission_id(rec.incarnation_id, f"revision:{tag}")
+    charges = {"expanded_nodes": len(records), "plan_revisions": 1}
+    if not run.admit_charges(spec.id, charges, pending, expand):
+        return None
+    steps: list[Step] = [
+        AddNodes(nodes=records, admission_id=expand),
+        Charge(admission_id=revise, charges={"plan_revisions": 1}, node_id=spec.id),
+    ]
+    return steps, scope
+
+
+def enter(run: TaskRun, spec: NodeSpec, args: dict[str, Any], input_digest: str,
+          steps: list[Step], pending: dict[str, int]) -> bool:
+    """Start a container: its attempt and its first children, in the loop's commit."""
+    rec = run.nodes[spec.id]
+    first = None if isinstance(spec.binding, GraphBinding) else 0
+    made = materialize(run, spec, first, pending)
+    if made is None:
+        return False
+    added, scope = made
+    steps.append(StartAttempt(node_id=spec.id, attempt_id=attempt_id(
+        rec.incarnation_id, len(rec.attempts) + 1), input_digest=input_digest,
+        requires_completed=spec.deps))
+    steps.extend(added)
+    if first is not None:
+        steps.append(AppendJournal(kind="repeat_iteration", node_id=spec.id,
+                                   data={"iteration": 0}))
+    run.graph.add_scope(scope.prefix, scope.plan, spec.id, first)
+    run.container_args[spec.id] = args
+    return True
+
+
+def restore(run: TaskRun) -> None:
+    """Rebuild the scopes of containers a crashed run had entered, from stored children."""
+    pending = [i for i in run.graph.order if is_container(run.graph.specs[i])]
+    while pending:
+        container = pending.pop(0)
+        spec = run.graph.specs[container]
+        children = [n for n in run.nodes.values() if n.parent == container]
+        if not children or run.nodes[container].state == "completed":
+            continue
+        binding = spec.binding
+        assert isinstance(binding, GraphBinding | RepeatBinding)
+        plan = run.rt.nested_plan(binding, run.grants)
+        iterations: list[int | None] = [None]
+        if isinstance(binding, RepeatBinding):
+            iterations = [*sorted({int(c.node_id[len(container) + 1:].split("/", 1)[0])
+                                   for c in children})]
+        for it in iterations:
+            scope = run.graph.add_scope(child_prefix(container, it), plan, container, it)
+            pending.extend(m for m in scope.members if is_container(run.graph.specs[m]))
+
+
+def advance(run: TaskRun, steps: list[Step], blobs: dict[str, str],
+            pending: dict[str, int]) -> None:
+    """Settle containers whose current scope finished; start a repeat's next iteration."""
+    for container in list(run.graph.order):
+        if container in run.done or container in run.closed:
+            continue
+        spec = run.graph.specs[container]
+        if not is_container(spec) or run.nodes[container].state != "running":
+            continue
+        scopes = run.graph.iterations(container)
+        if not scopes:
+            continue
+        last = scopes[-1]
+        if not all(m in run.done for m in last.members):
+            continue
+        outputs = {run.graph.specs[m].local: run.outputs[m] for m in last.members}
+        binding = spec.binding
+        if isinstance(binding, GraphBinding):
+            _settle(run, container, outputs, steps, blobs)
+            continue
+        assert isinstance(binding, RepeatBinding) and last.iteration is not None
+        i = last.iteration
+        try:
+            again = bool(binding.condition({"iteration": i, "outputs": outputs,
+                                            "input": run.container_args.get(container)}))
+        except Exception as exc:  # a host callback: any failure fails the node, typed
+            error = NodeFailedError(
+                f"node {container!r}: the repeat condition raised on iteration {i}: "
+                f"{type(exc).__name__}: {exc}", node_id=container,
+                details={"iteration": i})
+            info = ErrorInfo(code="repeat_condition_failed", message=str(error),
+                             node_id=container, details={"iteration": i})
+            steps.append(SettleNode(node_id=container, state="failed", error=info))
+            run.closed.add(container)
+            run.fail(container, info)
+            continue
+        stop_reason = None if again else "condition"
+        if again and i + 1 >= binding.max_iterations:
+            stop_reason = "max_iterations"
+        steps.append(AppendJournal(kind="repeat_guard", node_id=container, data={
+            "iteration": i, "decision": "stop" if stop_reason else "continue",
+            **({"reason": stop_reason} if stop_reason else {})}))
+        if stop_reason is None:
+            made = materialize(run, spec, i + 1, pending)
+            if made is None:
+                steps.pop()  # the decision is journaled when the iteration can start
+                continue
+            added, scope = made
+            steps.extend(added)
+            steps.append(AppendJournal(kind="repeat_iteration", node_id=container,
+                                       data={"iteration": i + 1}))
+            run.graph.add_scope(scope.prefix, scope.plan, container, i + 1)
+            continue
+        _settle(run, container, {"iterations": i + 1, "stopped": stop_reason,
+                                 "last": outputs}, steps, blobs)
+
+
+def _settle(run: TaskRun, container: str, output: dict[str, Any], steps: list[Step],
+            blobs: dict[str, str]) -> None:
+    text = canonical_json(output)
+    out_digest = digest_text(text)
+    blobs[out_digest] = text
+    steps.append(SettleNode(node_id=container, state="completed", output_digest=out_digest))
+    run.outputs[container] = output
+    run.done.add(container)
+    run.closed.add(container)
+    run.again = True  # its successors may be ready now
+
+
+def previous_outputs(run: TaskRun, spec: NodeSpec) -> dict[str, Any] | None:
+    scope = run.graph.scopes[spec.scope]
+    if scope.iteration is None or scope.iteration == 0 or scope.parent is None:
+        return None
+    prev = run.graph.scopes.get(child_prefix(scope.parent, scope.iteration - 1))
+    if prev is None:
+        return None
+    return {run.graph.specs[m].local: run.outputs.get(m) for m in prev.members}

@@ -1,0 +1,84 @@
+"""The flattened graph a run schedules: the root plan plus every materialized nested scope.
+
+Nested graphs and repeat iterations are materialized as child node incarnations whose ids
+are paths under their container: ``<container>/<node>`` for a graph and
+``<container>/<iteration>/<node>`` for a repeat. One scheduler runs them all, so root
+admission, budgets and group commits cover every level.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentium_graph.catalog._bindings import Binding
+from agentium_graph.plan._validate import CompiledPlan, Ref
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """A node of the run in full-path space."""
+
+    id: str                       # full path id
+    local: str                    # the id inside its scope's plan
+    scope: str                    # the scope prefix ("" for the root plan)
+    binding: Binding
+    args: dict[str, Any]
+    refs: tuple[Ref, ...]         # ``Ref.node`` is a local id (or ``$input``/``$previous``)
+    deps: tuple[str, ...]         # full ids
+
+
+@dataclass(slots=True)
+class Scope:
+    prefix: str
+    plan: CompiledPlan
+    parent: str | None            # the container's full id (None for the root)
+    iteration: int | None         # repeat iteration, else None
+    members: list[str] = field(default_factory=list)
+
+    @property
+    def concurrency(self) -> int:
+        return self.plan.max_concurrency
+
+
+def child_prefix(container: str, iteration: int | None) -> str:
+    return f"{container}/" if iteration is None else f"{container}/{iteration}/"
+
+
+class FlatGraph:
+    def __init__(self, root: CompiledPlan) -> None:
+        self.specs: dict[str, NodeSpec] = {}
+        self.scopes: dict[str, Scope] = {}
+        self.order: list[str] = []
+        self.changed = False
+        self.add_scope("", root, None, None)
+
+    @property
+    def root(self) -> Scope:
+        return self.scopes[""]
+
+    def add_scope(self, prefix: str, plan: CompiledPlan, parent: str | None,
+                  iteration: int | None) -> Scope:
+        existing = self.scopes.get(prefix)
+        if existing is not None:
+            return existing
+        scope = Scope(prefix, plan, parent, iteration)
+        self.changed = True
+        for local in plan.order:
+            node = plan.nodes[local]
+            spec = NodeSpec(id=prefix + local, local=local, scope=prefix,
+                            binding=node.binding, args=node.args, refs=node.refs,
+                            deps=tuple(prefix + d for d in node.deps))
+            self.specs[spec.id] = spec
+            self.order.append(spec.id)
+            scope.members.append(spec.id)
+        self.scopes[prefix] = scope
+        return scope
+
+    def scope_of(self, node_id: str) -> Scope:
+        return self.scopes[self.specs[node_id].scope]
+
+    def iterations(self, container: str) -> list[Scope]:
+        """The scopes a container materialized, in iteration order."""
+        found = [s for s in self.scopes.values() if s.parent == container]
+        return sorted(found, key=lambda s: -1 if s.iteration is None else s.iteration)
