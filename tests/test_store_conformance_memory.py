@@ -162,7 +162,8 @@ def test_the_testing_facade_is_pinned() -> None:
     import agentium_graph.testing as testing
 
     assert sorted(testing.__all__) == sorted([
-        "T0", "FactoryHarness", "FixedClock", "StoreConformanceSuite", "StoreHarness",
+        "T0", "FactoryHarness", "FixedClock", "PartialStream", "ScriptedProvider",
+        "ScriptedTurn", "TurnMatch", "StoreConformanceSuite", "StoreHarness",
         "TaskState", "acquire", "action_record", "capture", "commit", "load_factory",
         "make_create_request", "make_identity", "node_record", "open_from_factory",
         "read_timeline", "require_durable", "require_multi_process"])

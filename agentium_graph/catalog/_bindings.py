@@ -216,6 +216,7 @@ class Agent(BaseModel):
     name: str = "agent"
     max_turns: int = Field(default=8, ge=1, le=256)
     max_output_tokens: int | None = Field(default=None, ge=1)
+    stream: bool = False
     result_cache: Any = None
     tool_resolver: Any = None
     handoffs: tuple[Any, ...] = ()
@@ -255,7 +256,8 @@ class AgentBinding(_BindingBase):
         return {"tools": tuple(self.agent.tools),
                 "extra": {"instructions": self.agent.instructions, "name": self.agent.name,
                           "max_turns": self.agent.max_turns,
-                          "max_output_tokens": self.agent.max_output_tokens}}
+                          "max_output_tokens": self.agent.max_output_tokens,
+                          "stream": self.agent.stream}}
 
 
 class GraphBinding(_BindingBase):

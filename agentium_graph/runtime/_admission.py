@@ -88,6 +88,12 @@ class AdmissionController:
                 ticket.future.set_result(None)
             self.emit("admitted", ticket.node_id)
 
+    def free_ticket(self, node_id: str | None) -> Ticket:
+        """A placeholder for work that holds no permit (agents): never counted, never queued."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return Ticket(node_id=node_id, future=future, granted=False, released=True)
+
     async def acquire(self, node_id: str | None) -> Ticket:
         ticket = self.request(node_id)
         try:

@@ -61,7 +61,7 @@ def origin_of(binding: ToolBinding, catalog_digest: str) -> dict[str, Any]:
 
 
 def start_steps(run: TaskRun, node: NodeSpec, rec: NodeRecord, attempt: str,
-                args: dict[str, Any], input_digest: str
+                args: dict[str, Any], input_digest: str, *, call_id: str = "node"
                 ) -> tuple[list[Step], dict[str, int], ActionRecord | None]:
     """Steps that start an effect node's attempt, and the charges they carry.
 
@@ -70,7 +70,7 @@ def start_steps(run: TaskRun, node: NodeSpec, rec: NodeRecord, attempt: str,
     """
     binding = node.binding
     assert isinstance(binding, ToolBinding)
-    act = action_id_for(run, rec, binding, args)
+    act = action_id_for(run, rec, binding, args, call_id)
     existing = run.actions.get(act)
     start = StartAttempt(node_id=rec.node_id, attempt_id=attempt, input_digest=input_digest,
                          requires_completed=node.deps)
@@ -93,18 +93,19 @@ def start_steps(run: TaskRun, node: NodeSpec, rec: NodeRecord, attempt: str,
     return steps, DISPATCH_CHARGES, base
 
 
-async def execute_effect(run: TaskRun, node: NodeSpec, args: dict[str, Any]) -> Outcome:
+async def execute_effect(run: TaskRun, node: NodeSpec, args: dict[str, Any], *,
+                         call_id: str = "node") -> Outcome:
     """Dispatch (or reconcile) the node's action; never dispatch blindly twice."""
     binding = node.binding
     assert isinstance(binding, ToolBinding)
     connector = binding.typed_connector
     rec = run.nodes[node.id]
-    act = action_id_for(run, rec, binding, args)
+    act = action_id_for(run, rec, binding, args, call_id)
     action = run.actions[act]
     request = ActionRequest(action_id=act, result_ref=action.result_ref, binding_id=binding.id,
                             binding_version=binding.version, args=args,
                             destination=str(binding.destination),
-                            caller={"task": run.key, "node": node.id})
+                            caller={"task": run.key, "node": node.id, "call": call_id})
     if action.state == "confirmed":
         return await _reuse_receipt(run, node, action)
     if action.state == "dispatching" and action.fence < run.fence:

@@ -14,7 +14,7 @@ import contextlib
 import functools
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -25,7 +25,7 @@ from agentium_graph._canonical import (
     digest,
 )
 from agentium_graph._otel import span
-from agentium_graph.catalog._bindings import ToolBinding
+from agentium_graph.catalog._bindings import AgentBinding, ToolBinding
 from agentium_graph.errors import (
     AgentiumGraphError,
     BudgetExhaustedError,
@@ -44,6 +44,7 @@ from agentium_graph.plan._validate import CompiledPlan, resolve_args
 from agentium_graph.runtime import _containers as containers
 from agentium_graph.runtime import _effects as effects
 from agentium_graph.runtime._admission import AdmissionController, Ticket
+from agentium_graph.runtime._agent import MODEL_KIND, TOOL_KIND, AgentRecords, run_agent
 from agentium_graph.runtime._context import ToolContext, reset_context, set_context
 from agentium_graph.runtime._graph import FlatGraph, NodeSpec
 from agentium_graph.runtime._outcome import Outcome, check_output, schema_error
@@ -60,6 +61,7 @@ from agentium_graph.store._requests import (
     SettleNode,
     StartAttempt,
     Step,
+    TimelineRequest,
 )
 from agentium_graph.store._transitions import TERMINAL_NODE
 
@@ -85,6 +87,7 @@ class _Ready:
     args: dict[str, Any]
     input_digest: str
     ticket: Ticket
+    free: bool = False  # an agent: holds no permit itself (each model/tool call takes one)
 
 
 @dataclass
@@ -148,6 +151,7 @@ class TaskRun:
         self.cancel_reason: str | None = None
         self.uncertain: list[str] = []
         self.again = False  # set when a turn materialized nodes that may be ready now
+        self.agent_records = AgentRecords()
         self._limits = limits
         containers.restore(self)
         for cid in self.graph.order:
@@ -158,6 +162,9 @@ class TaskRun:
 
     # --- public entry ---------------------------------------------------------------
     async def execute(self) -> TaskResult:
+        if any(isinstance(s.binding, AgentBinding) for s in self.graph.specs.values()) or \
+                any(n.kind == "agent" for n in self.nodes.values()):
+            await self._load_agent_records()
         keeper = asyncio.create_task(self._keep_lease(), name=f"lease:{self.key}")
         try:
             with span("agentium_graph.task.run", {"agentium.task.key": self.key,
@@ -169,6 +176,18 @@ class TaskRun:
             with contextlib.suppress(asyncio.CancelledError):
                 await keeper
             await self._abandon_running()
+
+    async def _load_agent_records(self) -> None:
+        after = 0
+        while after < self.header.journal_seq:
+            page = await self.store.read_timeline(TimelineRequest(key=self.key,
+                                                                  after_seq=after, limit=1000))
+            if not page:
+                break
+            for entry in page:
+                if entry.kind in (MODEL_KIND, TOOL_KIND):
+                    self.agent_records.add(entry.kind, entry.node_id, entry.data)
+            after = page[-1].seq
 
     def request_cancel(self, reason: str) -> None:
         """In-process shortcut: the same cancel the lease keeper would observe."""
@@ -279,6 +298,8 @@ class TaskRun:
         # receipt of accepted remote work must still be recorded.
         spec = self.graph.specs.get(node_id)
         binding = spec.binding if spec is not None else None
+        if isinstance(binding, AgentBinding):
+            return True  # an agent's model calls are cancellable; its effects settle first
         return isinstance(binding, ToolBinding) and binding.execute is not None and \
             inspect.iscoroutinefunction(binding.execute)
 
@@ -378,6 +399,10 @@ class TaskRun:
                     return
                 continue
             in_scope[node.scope] = in_scope.get(node.scope, 0) + 1
+            if isinstance(node.binding, AgentBinding):
+                self.ready[node_id] = _Ready(node_id, args, digest(args),
+                                             self.admission.free_ticket(node_id), free=True)
+                continue
             self.ready[node_id] = _Ready(node_id, args, digest(args),
                                          self.admission.request(node_id))
 
@@ -429,12 +454,19 @@ class TaskRun:
         launch: list[_Ready] = []
         for node_id in list(self.ready):
             item = self.ready[node_id]
-            if not item.ticket.granted:
-                break  # FIFO: later arrivals wait behind the first queued one
+            if not (item.free or item.ticket.granted):
+                continue  # still queued; the controller grants permits in FIFO order
             node = self.graph.specs[node_id]
             rec = self.nodes[node_id]
             att = attempt_id(rec.incarnation_id, len(rec.attempts) + 1)
-            if _is_effect(node):
+            if item.free:
+                start: list[Step] = [StartAttempt(node_id=node_id, attempt_id=att,
+                                                  input_digest=item.input_digest,
+                                                  requires_completed=node.deps)]
+                charges: dict[str, int] = {}
+                adm: str | None = None
+                intent = None
+            elif _is_effect(node):
                 start, charges, intent = effects.start_steps(
                     self, node, rec, att, item.args, item.input_digest)
                 adm = intent.admission_id if intent else None
@@ -486,8 +518,13 @@ class TaskRun:
                           version=node.binding.version)
         running = _Running(node.id, item.ticket, ctx)
         self.running[node.id] = running
-        body = effects.execute_effect(self, node, item.args) if _is_effect(node) \
-            else self._invoke(node, item.args, ctx)
+        body: Coroutine[Any, Any, Outcome]
+        if isinstance(node.binding, AgentBinding):
+            body = run_agent(self, node, item.args)
+        elif _is_effect(node):
+            body = effects.execute_effect(self, node, item.args)
+        else:
+            body = self.invoke_tool(node, item.args, ctx)
         running.task = asyncio.create_task(body, name=f"node:{self.key}:{node.id}")
         running.task.add_done_callback(functools.partial(self._on_done, node.id))
 
@@ -496,13 +533,17 @@ class TaskRun:
             outcome = Outcome("canceled")
         else:
             exc = task.exception()
-            outcome = Outcome("failed", error=ErrorInfo.from_exception(exc, node_id=node_id)) \
-                if exc is not None else task.result()
+            if isinstance(exc, BudgetExhaustedError):
+                outcome = Outcome("budget", exception=exc)
+            elif exc is not None:
+                outcome = Outcome("failed", error=ErrorInfo.from_exception(exc, node_id=node_id))
+            else:
+                outcome = task.result()
         if node_id in self.running:
             self.finished.append((node_id, outcome))
         self.wake.set()
 
-    async def _invoke(self, node: NodeSpec, args: dict[str, Any],
+    async def invoke_tool(self, node: NodeSpec, args: dict[str, Any],
                       ctx: ToolContext) -> Outcome:
         binding = node.binding
         if not isinstance(binding, ToolBinding) or binding.execute is None:
@@ -588,7 +629,7 @@ class TaskRun:
         if self.finished or self.submissions or self.lost is not None or self.again:
             self.again = False
             return
-        if any(item.ticket.granted for item in self.ready.values()):
+        if any(item.free or item.ticket.granted for item in self.ready.values()):
             return
         if not self.running and not self.ready and self.stop is None:
             # Nothing runs, nothing waits for a permit, yet work remains: a bug, not a wait.

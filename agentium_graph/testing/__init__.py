@@ -35,8 +35,12 @@ is True; otherwise they are skipped with that reason. Helpers for your own tests
 :func:`node_record`, :func:`action_record`, :class:`FixedClock`, :func:`capture` (a task's
 whole state, to assert that a rejected call changed nothing) and :func:`read_timeline`.
 See ``docs/store-authors.md``.
+
+Also shipped here for tests and examples: :class:`ScriptedProvider`, the deterministic fake
+model provider (scripted turns, tool calls, usage, delays, failures, partial streams).
 """
 
+from agentium_graph.providers import PartialStream, ScriptedProvider, ScriptedTurn, TurnMatch
 from agentium_graph.testing._base import require_durable, require_multi_process
 from agentium_graph.testing._fixtures import (
     T0,
@@ -63,9 +67,13 @@ __all__ = [
     "T0",
     "FactoryHarness",
     "FixedClock",
+    "PartialStream",
+    "ScriptedProvider",
+    "ScriptedTurn",
     "StoreConformanceSuite",
     "StoreHarness",
     "TaskState",
+    "TurnMatch",
     "acquire",
     "action_record",
     "capture",

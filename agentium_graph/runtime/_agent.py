@@ -1,0 +1,267 @@
+"""Agent nodes: a tool-calling loop over a model provider, replayable after a crash.
+
+An agent node holds no root permit itself; every model call takes one permit for the whole
+request (or stream, released when the stream is closed), and every tool call takes one like
+a tool node. Before a model call its admission is charged (one model call, one work attempt,
+the input-token estimate and the output-token reservation); the complete response is
+journaled (a blob + a ``model_response`` entry bound to the request digest) **before** its
+tool calls run, together with any usage beyond the reservation. Tool results are journaled
+the same way. On recovery the node restarts from entry: a request whose digest matches a
+journaled response replays it (same text, same tool-call ids) with no provider call and no
+new charge; journaled tool results are reused. An interrupted call is simply asked again;
+its reservation stays charged as unknown usage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from agentium_graph._canonical import admission_id, canonical_json, digest_text
+from agentium_graph.catalog._bindings import AgentBinding, ToolBinding
+from agentium_graph.errors import (
+    BudgetExhaustedError,
+    ErrorInfo,
+    NodeFailedError,
+)
+from agentium_graph.providers import (
+    IncompleteStreamError,
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    ToolSpec,
+    assemble_stream,
+    check_response,
+)
+from agentium_graph.runtime import _effects as effects
+from agentium_graph.runtime._context import ToolContext
+from agentium_graph.runtime._graph import NodeSpec
+from agentium_graph.runtime._outcome import Outcome, check_output, schema_error
+from agentium_graph.store._requests import AppendJournal, Charge, RecordAction
+
+if TYPE_CHECKING:
+    from agentium_graph.runtime._run import TaskRun
+
+MODEL_KIND = "model_response"
+STREAM_ATTEMPTS = 2  # an incomplete stream is asked again once before the node fails
+TOOL_KIND = "agent_tool_result"
+
+
+@dataclass
+class AgentRecords:
+    """What earlier runs journaled for agent nodes, indexed for replay."""
+
+    responses: dict[tuple[str, str], str] = field(default_factory=dict)  # (node, req) -> blob
+    tools: dict[tuple[str, str], str] = field(default_factory=dict)      # (node, call) -> blob
+
+    def add(self, kind: str, node_id: str | None, data: dict[str, Any]) -> None:
+        if node_id is None:
+            return
+        if kind == MODEL_KIND:
+            self.responses[(node_id, str(data["request_digest"]))] = str(data["digest"])
+        elif kind == TOOL_KIND:
+            self.tools[(node_id, str(data["call_id"]))] = str(data["digest"])
+
+
+class AgentFailure(NodeFailedError):
+    code = "agent_failed"
+
+
+class _Uncertain(Exception):
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__("uncertain effect")
+        self.outcome = outcome
+
+
+async def run_agent(run: TaskRun, spec: NodeSpec, args: dict[str, Any]) -> Outcome:
+    try:
+        return await _loop(run, spec, args)
+    except _Uncertain as exc:
+        return exc.outcome
+
+
+async def _loop(run: TaskRun, spec: NodeSpec, args: dict[str, Any]) -> Outcome:
+    binding = spec.binding
+    assert isinstance(binding, AgentBinding)
+    agent = binding.agent
+    tools = _tool_bindings(run, spec, agent.tools)
+    prompt = args["prompt"] if isinstance(args.get("prompt"), str) else canonical_json(args)
+    messages: list[ModelMessage] = [ModelMessage(role="system", content=agent.instructions),
+                                    ModelMessage(role="user", content=prompt)]
+    specs = tuple(ToolSpec(name=t.id, description=t.description, input_schema=t.input_schema)
+                  for t in tools.values())
+    usage = {"input_tokens": 0, "output_tokens": 0, "model_calls": 0}
+    rec = run.nodes[spec.id]
+    for turn in range(agent.max_turns):
+        request = ModelRequest(model_messages=tuple(messages), tools=specs,
+                               max_output_tokens=agent.max_output_tokens,
+                               metadata={"node": spec.id, "turn": turn})
+        response = await _model_call(run, spec, rec.incarnation_id, agent, request)
+        usage["input_tokens"] += response.usage.input_tokens
+        usage["output_tokens"] += response.usage.output_tokens
+        usage["model_calls"] += 1
+        messages.append(response.to_message())
+        if not response.tool_calls:
+            return check_output(spec.id, binding, {"text": response.text, "usage": usage})
+        for call in response.tool_calls:
+            result = await _tool_call(run, spec, tools, call)
+            messages.append(ModelMessage(role="tool", content=canonical_json(result),
+                                         tool_call_id=call.id))
+    raise AgentFailure(f"agent node {spec.id!r} did not finish within max_turns="
+                       f"{agent.max_turns}; raise max_turns or simplify the task",
+                       node_id=spec.id, details={"max_turns": agent.max_turns})
+
+
+def _tool_bindings(run: TaskRun, spec: NodeSpec, names: tuple[str, ...]
+                   ) -> dict[str, ToolBinding]:
+    found: dict[str, ToolBinding] = {}
+    for name in names:
+        tool = run.rt.catalog.latest_tool(name)
+        if tool is None:
+            raise AgentFailure(f"agent node {spec.id!r}: tool {name!r} is not in the catalog",
+                               node_id=spec.id)
+        found[name] = tool
+    return found
+
+
+async def _model_call(run: TaskRun, spec: NodeSpec, incarnation: str, agent: Any,
+                      request: ModelRequest) -> ModelResponse:
+    req_digest = request.digest()
+    recorded = run.agent_records.responses.get((spec.id, req_digest))
+    if recorded is not None:
+        return ModelResponse.model_validate_json(await _blob(run, recorded, spec))
+    reserve_out = request.max_output_tokens or 0
+    estimate_in = math.ceil(len(canonical_json(request.model_dump(mode="json"))) / 4)
+    for attempt in range(STREAM_ATTEMPTS):
+        # One provider invocation = one work attempt; an interrupted one stays charged.
+        adm = admission_id(incarnation, f"model:{req_digest}:{run.fence}:{attempt}")
+        ticket = await run.admission.acquire(spec.id)
+        try:
+            await run.submit([Charge(admission_id=adm, node_id=spec.id, charges={
+                "model_calls": 1, "work_attempts": 1, "input_tokens": estimate_in,
+                "output_tokens": reserve_out})])
+            response = await _invoke_provider(run, agent, request)
+            break
+        except IncompleteStreamError:
+            if attempt + 1 == STREAM_ATTEMPTS:
+                raise
+        finally:
+            run.admission.release(ticket)
+    text = response.model_dump_json()
+    resp_digest = digest_text(text)
+    extra = {"input_tokens": max(0, response.usage.input_tokens - estimate_in),
+             "output_tokens": max(0, response.usage.output_tokens - reserve_out)}
+    steps: list[Any] = [AppendJournal(kind=MODEL_KIND, node_id=spec.id, data={
+        "request_digest": req_digest, "digest": resp_digest,
+        "usage": response.usage.model_dump()})]
+    if any(extra.values()):
+        steps.append(Charge(admission_id=admission_id(incarnation, f"usage:{req_digest}"),
+                            node_id=spec.id, charges=extra))
+    await run.submit(steps, {resp_digest: text})
+    run.agent_records.responses[(spec.id, req_digest)] = resp_digest
+    return response
+
+
+async def _invoke_provider(run: TaskRun, agent: Any, request: ModelRequest) -> ModelResponse:
+    provider = agent.provider
+    if agent.stream:
+        # The permit is held until the stream is closed, also when it ends early.
+        stream = provider.stream(request)
+        async with contextlib.aclosing(stream):
+            return await asyncio.wait_for(assemble_stream(stream), run.rt.effect_timeout)
+    return check_response(await asyncio.wait_for(provider.complete(request),
+                                                 run.rt.effect_timeout))
+
+
+async def _tool_call(run: TaskRun, spec: NodeSpec, tools: dict[str, ToolBinding],
+                     call: ToolCall) -> Any:
+    recorded = run.agent_records.tools.get((spec.id, call.id))
+    if recorded is not None:
+        return json.loads(await _blob(run, recorded, spec))
+    tool = tools.get(call.name)
+    if tool is None:
+        raise AgentFailure(f"agent node {spec.id!r}: the model called tool {call.name!r}, "
+                           f"which this agent may not use (allowed: {sorted(tools)})",
+                           node_id=spec.id, details={"tool": call.name, "call_id": call.id})
+    if run.grants is not None and tool.id not in run.grants:
+        raise AgentFailure(f"agent node {spec.id!r}: tool {tool.id!r} is not granted to this "
+                           "task", node_id=spec.id, details={"tool": tool.id})
+    errors = sorted(tool.input_validator.iter_errors(call.arguments),
+                    key=lambda e: list(e.absolute_path))
+    if errors:
+        raise schema_error(AgentFailure, spec.id, f"tool call {call.id} ({tool.id}) arguments",
+                           errors[0])
+    sub = NodeSpec(id=spec.id, local=spec.local, scope=spec.scope, binding=tool,
+                   args=call.arguments, refs=(), deps=())
+    if tool.connector is not None:
+        outcome = await _effect_call(run, spec, sub, call)
+    else:
+        outcome = await _pure_call(run, spec, tool, call)
+    if outcome.state in ("uncertain", "budget"):
+        if outcome.state == "budget" and isinstance(outcome.exception, BudgetExhaustedError):
+            raise outcome.exception
+        raise _Uncertain(outcome)
+    if outcome.state != "completed":
+        info = outcome.error or ErrorInfo(code="agent_tool_failed", message=outcome.state)
+        raise AgentFailure(f"agent node {spec.id!r}: tool call {call.id} ({tool.id}) "
+                           f"{outcome.state}: {info.message}", node_id=spec.id,
+                           details={"tool": tool.id, "call_id": call.id}, cause=info)
+    assert outcome.text is not None and outcome.digest is not None
+    steps: list[Any] = [AppendJournal(kind=TOOL_KIND, node_id=spec.id, data={
+        "call_id": call.id, "tool": tool.id, "digest": outcome.digest})]
+    if outcome.action is not None:
+        steps.insert(0, RecordAction(action=outcome.action))
+    await run.submit(steps, {outcome.digest: outcome.text})
+    run.agent_records.tools[(spec.id, call.id)] = outcome.digest
+    return outcome.output
+
+
+async def _pure_call(run: TaskRun, spec: NodeSpec, tool: ToolBinding, call: ToolCall
+                     ) -> Outcome:
+    rec = run.nodes[spec.id]
+    adm = admission_id(rec.incarnation_id, f"tool:{call.id}:{run.fence}")
+    ticket = await run.admission.acquire(spec.id)
+    try:
+        await run.submit([Charge(admission_id=adm, node_id=spec.id,
+                                 charges={"work_attempts": 1, "tool_calls": 1})])
+        ctx = ToolContext(key=run.key, node_id=spec.id, attempt=len(rec.attempts),
+                          attempt_id=rec.attempts[-1].attempt_id, fence=run.fence,
+                          worker_id=run.worker_id, binding=tool.id, version=tool.version)
+        sub = NodeSpec(id=spec.id, local=spec.local, scope=spec.scope, binding=tool,
+                       args=call.arguments, refs=(), deps=())
+        return await run.invoke_tool(sub, dict(call.arguments), ctx)
+    finally:
+        run.admission.release(ticket)
+
+
+async def _effect_call(run: TaskRun, spec: NodeSpec, sub: NodeSpec, call: ToolCall
+                       ) -> Outcome:
+    """A connector-backed tool called by the agent: the same ledger as a tool node."""
+    tool = sub.binding
+    assert isinstance(tool, ToolBinding)
+    rec = run.nodes[spec.id]
+    args = dict(call.arguments)
+    act = effects.action_id_for(run, rec, tool, args, call_id=call.id)
+    ticket = await run.admission.acquire(spec.id)
+    try:
+        existing = run.actions.get(act)
+        if existing is None or existing.state == "intent":
+            steps, _, _ = effects.start_steps(run, sub, rec, "", args, "", call_id=call.id)
+            await run.submit(steps[1:])  # no new node attempt: the agent's attempt covers it
+        return await effects.execute_effect(run, sub, args, call_id=call.id)
+    finally:
+        run.admission.release(ticket)
+
+
+async def _blob(run: TaskRun, blob_digest: str, spec: NodeSpec) -> str:
+    blobs = await run.store.get_blobs([blob_digest])
+    text = blobs.get(blob_digest)
+    if text is None or digest_text(text) != blob_digest:
+        raise AgentFailure(f"agent node {spec.id!r}: journaled record {blob_digest} is "
+                           "missing or damaged; the store was modified", node_id=spec.id)
+    return text
