@@ -135,22 +135,36 @@ async def main(config: dict[str, Any]) -> dict[str, Any]:
     store: DurableTaskStore = KillSwitch(open_store(config["store"]),
                                          config.get("kill_at", "none"), config.get("node"))
     log = CallLog(Path(config["log"]))
+    graph = config.get("graph", "pure")
+    if graph == "effect":
+        from acceptance import _effect_graph
+
+        cat = _effect_graph.catalog(log, config["server_url"], config.get("idempotent", False))
+        prog = _effect_graph.program()
+    elif graph == "agent":
+        from acceptance import _agent_graph
+
+        cat = _agent_graph.catalog(log, config)
+        prog = _agent_graph.program()
+    else:
+        cat = catalog(log, kill_in_tool=config.get("kill_in_tool"),
+                      kill_when_fan_running=config.get("kill_when_fan_running", 0),
+                      slow=config.get("slow"))
+        prog = program()
     runtime = ExecutionGraphRuntime(
-        catalog=catalog(log, kill_in_tool=config.get("kill_in_tool"),
-                        kill_when_fan_running=config.get("kill_when_fan_running", 0),
-                        slow=config.get("slow")),
-        store=store, require_durable=True, lease_ttl=config.get("lease_ttl", 5.0),
-        poll_interval=config.get("poll_interval", 0.05))
+        catalog=cat, store=store, require_durable=True, lease_ttl=config.get("lease_ttl", 5.0),
+        poll_interval=config.get("poll_interval", 0.05), lookup_timeout=2.0)
     try:
         if config.get("create", False):
-            await runtime.create(config["key"], program())
+            await runtime.create(config["key"], prog)
             if config.get("create_only", False):
                 return {"ok": True, "created": True}
         result = await runtime.run(config["key"], config["worker"],
                                    wait=config.get("wait", False))
         return {"ok": True, "output": result.output}
     except AgentiumGraphError as exc:
-        return {"ok": False, "error": type(exc).__name__, "message": str(exc)}
+        return {"ok": False, "error": type(exc).__name__, "message": str(exc),
+                "details": exc.details}
     finally:
         await store.close()
 
