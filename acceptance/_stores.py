@@ -20,3 +20,10 @@ def sqlite_store(path: str) -> DurableTaskStore:
     from agentium_graph_sqlite import SQLiteDurableTaskStore
 
     return SQLiteDurableTaskStore(path)
+
+
+def mongodb_store(uri: str, database: str) -> DurableTaskStore:
+    """The MongoDB store on ``database`` at ``uri`` (each case uses a database of its own)."""
+    from agentium_graph_mongodb import MongoDBDurableTaskStore
+
+    return MongoDBDurableTaskStore(uri, database=database, server_selection_timeout_s=10.0)

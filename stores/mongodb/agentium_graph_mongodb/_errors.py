@@ -9,7 +9,7 @@ server error code, never by message text or server version:
   error the store retries; when the bounded retries run out the store raises a plain
   :class:`~agentium_graph.StoreUnavailableError` (:func:`retries_exhausted`);
 * authentication and authorization failures say to check the credentials and roles;
-* documents over the BSON size limit say what grew too large;
+* documents over the BSON size limit (or integers beyond 64 bits) say what to change;
 * everything else is a :class:`~agentium_graph.StoreError` naming the operation.
 
 Domain errors of the shared state machine (``StaleFenceError``, ``LeaseHeldError``, ...)
@@ -93,7 +93,8 @@ def is_transient(exc: PyMongoError) -> bool:
     return False
 
 
-def map_mongo_error(exc: PyMongoError | BSONError, op: str, where: str) -> StoreError:
+def map_mongo_error(exc: PyMongoError | BSONError | OverflowError, op: str,
+                    where: str) -> StoreError:
     """The typed store error for a driver failure of ``op`` against ``where``."""
     name = type(exc).__name__
     code = _code(exc) if isinstance(exc, PyMongoError) else None
@@ -116,6 +117,10 @@ def map_mongo_error(exc: PyMongoError | BSONError, op: str, where: str) -> Store
             f"{head}: a record is too large for one MongoDB document (16 MiB); keep task "
             "outputs and plans smaller, or store large payloads elsewhere and pass references",
             details=details)
+    if isinstance(exc, OverflowError):  # bson refuses integers beyond 64 bits
+        return StoreError(
+            f"{head}: a number does not fit MongoDB's 64-bit integers; keep limits, budgets "
+            "and counters within int64", details=details)
     if isinstance(exc, InvalidOperation):
         return StoreError(
             f"{head}: the MongoDB client is closed or unusable; create a new "
@@ -135,7 +140,7 @@ def mapped_errors(op: str, where: str) -> Iterator[None]:
     """Translate pymongo and bson errors raised inside the block."""
     try:
         yield
-    except (PyMongoError, BSONError) as exc:
+    except (PyMongoError, BSONError, OverflowError) as exc:
         raise map_mongo_error(exc, op, where) from exc
 
 

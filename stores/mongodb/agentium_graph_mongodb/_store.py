@@ -203,6 +203,8 @@ class MongoDBDurableTaskStore:
         else:
             counters.reads += 1
         started = time.monotonic()
+        task = asyncio.current_task()
+        cancels = 0 if task is None else task.cancelling()
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._retries + 1),
             wait=wait_random_exponential(multiplier=0.05, max=self._retry_max_wait_s),
@@ -215,8 +217,11 @@ class MongoDBDurableTaskStore:
                     counters.round_trips += 1
                     if attempts > 1:
                         counters.transient_retries += 1
-                    with mapped_errors(op, self._where):
-                        return await fn()
+                    try:
+                        with mapped_errors(op, self._where):
+                            return await fn()
+                    finally:
+                        _redeliver_cancel(task, cancels)
         except TransientStoreError as exc:
             if self._closed:
                 raise closed_error(self._where) from exc
@@ -314,6 +319,15 @@ class MongoDBDurableTaskStore:
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         await self.close()
+
+
+def _redeliver_cancel(task: asyncio.Task[Any] | None, cancels: int) -> None:
+    """Raise CancelledError if the task was cancelled during a driver call that ended
+    without raising it: pymongo's async network layer can swallow a cancellation that
+    lands in some windows of an operation (observed with pymongo 4.20), which would leave
+    the task running while its canceller waits for it forever."""
+    if task is not None and task.cancelling() > cancels:
+        raise asyncio.CancelledError
 
 
 def _client_from_uri(uri: str, server_selection_timeout_s: float, connect_timeout_s: float,

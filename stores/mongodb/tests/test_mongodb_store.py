@@ -347,3 +347,35 @@ async def test_a_client_passed_in_stays_open(mongodb_uri: str,
         assert await client[mongodb_database].tasks.count_documents({}) == 1
     finally:
         await client.close()
+
+
+class _SwallowsCancel:
+    """A collection whose find_one swallows a cancellation, as pymongo's async network
+    layer sometimes does, and returns as if nothing happened."""
+
+    def __init__(self, inner: AsyncCollection[dict[str, Any]]) -> None:
+        self.inner = inner
+        self.entered = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def find_one(self, *args: Any, **kwargs: Any) -> Any:
+        self.entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return None
+        raise AssertionError("unreachable")
+
+
+async def test_a_cancellation_swallowed_by_the_driver_is_delivered(
+        store: MongoDBDurableTaskStore) -> None:
+    session = await store._ready()
+    fake = _SwallowsCancel(session.tasks)
+    session.tasks = fake  # type: ignore[assignment]
+    call = asyncio.create_task(store.get_header("k"))
+    await asyncio.wait_for(fake.entered.wait(), timeout=10)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
