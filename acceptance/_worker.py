@@ -22,6 +22,7 @@ from acceptance._stores import open_store
 from agentium_graph import AgentiumGraphError, DurableTaskStore, ExecutionGraphRuntime
 from agentium_graph.store import (
     AcquireLeaseRequest,
+    AppendJournal,
     CancelTaskRequest,
     CommitRequest,
     CommitResult,
@@ -52,7 +53,8 @@ class KillSwitch:
     """Wraps a store; SIGKILLs the process at one journal boundary.
 
     ``point``: after_lease | before_start_commit | after_start_commit |
-    before_completion_commit | after_completion_commit | during_renewal | none.
+    before_completion_commit | after_completion_commit | during_renewal |
+    after_model_response | after_repeat_guard | none.
     ``node``: which node's start/completion commit triggers it.
     """
 
@@ -70,6 +72,10 @@ class KillSwitch:
                    (not isinstance(s, SettleNode) or s.state == "completed")
                    for s in request.steps)
 
+    def _journals(self, request: CommitRequest, kind: str) -> bool:
+        return any(isinstance(s, AppendJournal) and s.kind == kind and
+                   (self.node is None or s.node_id == self.node) for s in request.steps)
+
     async def commit(self, request: CommitRequest) -> CommitResult:
         if self.point == "before_start_commit" and self._matches(request, StartAttempt):
             die()
@@ -79,6 +85,10 @@ class KillSwitch:
         if self.point == "after_start_commit" and self._matches(request, StartAttempt):
             die()
         if self.point == "after_completion_commit" and self._matches(request, SettleNode):
+            die()
+        if self.point == "after_model_response" and self._journals(request, "model_response"):
+            die()
+        if self.point == "after_repeat_guard" and self._journals(request, "repeat_guard"):
             die()
         return result
 
