@@ -4,6 +4,7 @@ counters are never refunded, and the outputs are right."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from collections import Counter
@@ -58,7 +59,7 @@ async def test_kill_during_a_model_stream(case: Case, store_of: DurableTaskStore
     deadline = time.monotonic() + 30
     while not provider_calls(case):  # the stream is open and hanging mid-frame
         assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.02)
+        await asyncio.sleep(0.02)
     proc.kill()
     proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGKILL

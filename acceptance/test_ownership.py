@@ -64,8 +64,8 @@ async def test_paused_worker_is_fenced_out_after_takeover(case: Case,
         os.kill(slow_worker.pid, signal.SIGCONT)
     stdout, _ = slow_worker.communicate(timeout=60)
     result = json.loads(stdout.strip().splitlines()[-1])
-    assert result == {"ok": False, "error": "StaleFenceError",
-                      "message": result["message"]}
+    assert result["ok"] is False and result["error"] == "StaleFenceError"
+    assert result["details"]["fence"] == 1 and result["details"]["current"] == 2
     counts = await completions(store_of, case.key)
     assert counts == dict.fromkeys(EXPECTED, 1)  # no duplicate completion
     snap = await store_of.get_task(case.key)
