@@ -369,7 +369,7 @@ class TaskRun:
             return False  # materialized this turn; ready once the commit recorded it
         return (rec.state in RESTARTABLE and node.id not in self.running and
                 node.id not in self.ready and node.id not in self.done and
-                all(d in self.done for d in node.deps))
+                self.done.issuperset(node.deps))
 
     def _request_ready(self, steps: list[Step], pending: dict[str, int]) -> None:
         in_scope: dict[str, int] = {}
@@ -377,6 +377,8 @@ class TaskRun:
             prefix = self.graph.specs[active].scope
             in_scope[prefix] = in_scope.get(prefix, 0) + 1
         for node_id in list(self.graph.order):
+            if node_id in self.done:
+                continue  # the common case in a long graph: skip it before any lookup
             node = self.graph.specs[node_id]
             if not self._is_ready(node):
                 continue
