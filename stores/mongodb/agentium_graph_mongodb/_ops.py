@@ -370,12 +370,15 @@ class Session:
                     return plan.finish(header)
                 self.counters.cas_misses += 1
                 self.cache.drop(key)
-                doc, fresh = await self.load(op, key), True
+                try:
+                    doc, fresh = await self.load(op, key), True
+                except AgentiumGraphError:  # gone, or no longer ours to write
+                    await self._drop_orphans(op, key, plan.journal, token)
+                    raise
                 if token in doc.writes:  # ours after all: the reply was lost, then retried
                     self.cache.put(doc)
                     return plan.finish(doc.parsed_header())
-                if plan.journal:
-                    await self._drop_orphans(op, key, plan.journal, token)
+                await self._drop_orphans(op, key, plan.journal, token)
             raise StoreUnavailableError(
                 f"MongoDB store: {op} on task {key!r} lost the compare-and-set race "
                 f"{self.cas_attempts} times in a row; other writers keep changing this task. "
@@ -384,7 +387,7 @@ class Session:
 
     async def _compare_and_set(self, op: str, key: str, seq: int, plan: _Plan[R],
                                token: str) -> dict[str, Any] | None:
-        query = {"_id": key, "header.seq": seq, **plan.guard}
+        query = {"_id": key, "v": SCHEMA_VERSION, "header.seq": seq, **plan.guard}
         update = {"$set": plan.sets,
                   "$push": {"writes": {"$each": [token], "$slice": -WRITES_KEPT}}}
 
@@ -457,7 +460,7 @@ class Session:
             return False
 
         async def bump() -> int:
-            res = await self.tasks.update_one({"_id": key, "header.seq": seq},
+            res = await self.tasks.update_one({"_id": key, "v": SCHEMA_VERSION, "header.seq": seq},
                                               {"$set": {"header.seq": seq + 1}})
             return res.matched_count
         if not await self.io(op, bump, write=True):
@@ -473,6 +476,8 @@ class Session:
     async def _drop_orphans(self, op: str, key: str, entries: list[JournalEntry],
                             token: str) -> None:
         """Best effort: remove a lost attempt's entries (a later writer would claim them)."""
+        if not entries:
+            return
         ids = [journal_doc(key, e, token)["_id"] for e in entries]
 
         async def delete() -> None:
@@ -497,7 +502,7 @@ class Session:
                 header = None
                 continue
             lease = header_doc(renewed)["lease"]
-            query = {"_id": key, "header.fence": request.fence,
+            query = {"_id": key, "v": SCHEMA_VERSION, "header.fence": request.fence,
                      "header.lease.owner": request.worker_id,
                      "header.lease.fence": request.fence}
             post = await self._update_header("renew_lease", query,
@@ -524,7 +529,7 @@ class Session:
             if wanted is None:
                 return header
             assert wanted.cancel is not None
-            query = {"_id": key, "header.cancel": None,
+            query = {"_id": key, "v": SCHEMA_VERSION, "header.cancel": None,
                      "header.status": {"$nin": sorted(TERMINAL_TASK)}}
             post = await self._update_header(
                 "request_cancel", query,
