@@ -198,3 +198,26 @@ async def test_capacity_one_completes_graph_repeat_agent_tool_nesting(calls: Cal
     assert result.output["outer"]["last"]["g"]["ask"]["text"] == "done"
     assert provider.call_count == 4 and calls.by_node == {"outer/0/g/ask": 1,
                                                           "outer/1/g/ask": 1}
+
+
+async def test_malformed_tool_calls_fail_the_node_typed(calls: Calls) -> None:
+    provider = ScriptedProvider([ScriptedTurn(raw_tool_calls=(
+        {"id": "c", "name": "inc", "arguments": "not-an-object"},))])
+    rt = ExecutionGraphRuntime(catalog=catalog(calls, provider))
+    await rt.create("m", program(PLAN))
+    with pytest.raises(NodeFailedError) as info:
+        await rt.run("m")
+    assert info.value.node_id == "ask"
+    assert info.value.cause is not None
+    assert info.value.cause.code == "provider_response_malformed"
+    assert calls.by_node == {}
+
+
+async def test_tools_outside_the_task_grants_are_refused(calls: Calls) -> None:
+    provider = ScriptedProvider(script())
+    rt = ExecutionGraphRuntime(catalog=catalog(calls, provider))
+    from agentium_graph import PlanValidationError
+
+    with pytest.raises(PlanValidationError) as info:
+        await rt.create("g", program(PLAN), grants=["solver"])  # the agent's tool is missing
+    assert [d.code for d in info.value.diagnostics] == ["binding_not_granted"]
