@@ -23,6 +23,7 @@ from agentium_graph._canonical import (
     admission_id,
     attempt_id,
     digest,
+    json_copy,
 )
 from agentium_graph._otel import span
 from agentium_graph.catalog._bindings import AgentBinding, ToolBinding
@@ -380,7 +381,8 @@ class TaskRun:
             if node_id in self.done:
                 continue  # the common case in a long graph: skip it before any lookup
             node = self.graph.specs[node_id]
-            if not self._is_ready(node):
+            # Waiting on a dependency is the next most common case; test it inline.
+            if not self.done.issuperset(node.deps) or not self._is_ready(node):
                 continue
             leaf = not containers.is_container(node)
             if leaf and in_scope.get(node.scope, 0) >= \
@@ -441,8 +443,10 @@ class TaskRun:
 
     def _prepare_args(self, node: NodeSpec) -> dict[str, Any]:
         try:
+            # Static args are copied too: a tool that mutates its args must not change the
+            # plan (a retry would see different input).
             args: dict[str, Any] = resolve_args(node.args, self._ref_values(node)) \
-                if node.refs else node.args
+                if node.refs else json_copy(node.args)
         except LookupError as exc:
             raise NodeInputError(f"node {node.id!r}: {exc}", node_id=node.id) from None
         if node.refs:

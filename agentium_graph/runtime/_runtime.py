@@ -208,10 +208,9 @@ class ExecutionGraphRuntime:
         except NotJSONError as exc:
             raise PlanValidationError([Diagnostic(path=exc.path, code="input_not_json",
                                                   message=exc.reason)], subject="input") from None
-        if program.input_schema is not None:
-            from jsonschema import Draft202012Validator
-
-            errors = list(Draft202012Validator(program.input_schema).iter_errors(value))
+        validator = program.input_validator
+        if validator is not None:
+            errors = list(validator.iter_errors(value))
             if errors:
                 raise PlanValidationError([
                     Diagnostic(path="$input" + "".join(
