@@ -652,7 +652,8 @@ def resolve_args(args: Any, outputs: dict[str, Any]) -> Any:
         ok, missing = _value_at(outputs[node], path)
         if not ok:
             raise LookupError(f"{shown}: the output has no {missing!r}")
-        return json_copy(missing)  # consumers must not share (and mutate) stored outputs
+        # Consumers must not share (and mutate) stored outputs; those are checked JSON.
+        return json_copy(missing, trusted=True)
     if isinstance(args, dict):
         return {k: resolve_args(v, outputs) for k, v in args.items()}
     if isinstance(args, list):

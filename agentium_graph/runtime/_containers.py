@@ -100,6 +100,7 @@ def enter(run: TaskRun, spec: NodeSpec, args: dict[str, Any], input_digest: str,
                                    data={"iteration": 0}))
     run.graph.add_scope(scope.prefix, scope.plan, spec.id, first)
     run.container_args[spec.id] = args
+    run.active_containers.add(spec.id)
     return True
 
 
@@ -112,6 +113,7 @@ def restore(run: TaskRun) -> None:
         children = [n for n in run.nodes.values() if n.parent == container]
         if not children or run.nodes[container].state == "completed":
             continue
+        run.active_containers.add(container)
         binding = spec.binding
         assert isinstance(binding, GraphBinding | RepeatBinding)
         plan = run.rt.nested_plan(binding, run.grants)
@@ -127,8 +129,9 @@ def restore(run: TaskRun) -> None:
 def advance(run: TaskRun, steps: list[Step], blobs: dict[str, str],
             pending: dict[str, int]) -> None:
     """Settle containers whose current scope finished; start a repeat's next iteration."""
-    for container in list(run.graph.order):
+    for container in sorted(run.active_containers, key=run.graph.pos.__getitem__):
         if container in run.done or container in run.closed:
+            run.active_containers.discard(container)
             continue
         spec = run.graph.specs[container]
         if not is_container(spec) or run.nodes[container].state != "running":
@@ -158,6 +161,7 @@ def advance(run: TaskRun, steps: list[Step], blobs: dict[str, str],
                              node_id=container, details={"iteration": i})
             steps.append(SettleNode(node_id=container, state="failed", error=info))
             run.closed.add(container)
+            run.active_containers.discard(container)
             run.fail(container, info)
             continue
         stop_reason = None if again else "condition"
@@ -188,8 +192,9 @@ def _settle(run: TaskRun, container: str, output: dict[str, Any], steps: list[St
     blobs[out_digest] = text
     steps.append(SettleNode(node_id=container, state="completed", output_digest=out_digest))
     run.outputs[container] = output
-    run.done.add(container)
+    run.mark_done(container)
     run.closed.add(container)
+    run.active_containers.discard(container)
     run.again = True  # its successors may be ready now
 
 

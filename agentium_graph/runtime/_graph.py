@@ -50,6 +50,9 @@ class FlatGraph:
         self.specs: dict[str, NodeSpec] = {}
         self.scopes: dict[str, Scope] = {}
         self.order: list[str] = []
+        self.pos: dict[str, int] = {}          # schedule position: FIFO ties by plan order
+        self.succ: dict[str, list[str]] = {}   # full id -> nodes that depend on it
+        self.fresh: list[str] = []             # members added since the scheduler looked
         self.changed = False
         self.add_scope("", root, None, None)
 
@@ -70,8 +73,13 @@ class FlatGraph:
                             binding=node.binding, args=node.args, refs=node.refs,
                             deps=tuple(prefix + d for d in node.deps))
             self.specs[spec.id] = spec
+            self.pos[spec.id] = len(self.order)
             self.order.append(spec.id)
             scope.members.append(spec.id)
+            self.succ.setdefault(spec.id, [])
+            for dep in spec.deps:
+                self.succ.setdefault(dep, []).append(spec.id)
+            self.fresh.append(spec.id)
         self.scopes[prefix] = scope
         return scope
 

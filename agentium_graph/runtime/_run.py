@@ -153,6 +153,8 @@ class TaskRun:
         self.uncertain: list[str] = []
         self.again = False  # set when a turn materialized nodes that may be ready now
         self.agent_records = AgentRecords()
+        self.frontier: set[str] = set()
+        self.active_containers: set[str] = set()
         self._limits = limits
         containers.restore(self)
         for cid in self.graph.order:
@@ -352,7 +354,7 @@ class TaskRun:
                 assert outcome.text is not None and outcome.digest is not None
                 blobs[outcome.digest] = outcome.text
                 self.outputs[node_id] = outcome.output
-                self.done.add(node_id)
+                self.mark_done(node_id)
                 steps.append(SettleNode(node_id=node_id, state="completed",
                                         output_digest=outcome.digest))
             elif outcome.state == "canceled":
@@ -372,22 +374,35 @@ class TaskRun:
                 node.id not in self.ready and node.id not in self.done and
                 self.done.issuperset(node.deps))
 
+    def mark_done(self, node_id: str) -> None:
+        """Record a completion (maybe not yet committed); its successors may be ready."""
+        self.done.add(node_id)
+        self.frontier.update(self.graph.succ.get(node_id, ()))
+
     def _request_ready(self, steps: list[Step], pending: dict[str, int]) -> None:
+        # Only the frontier is examined (nodes whose dependencies just completed, or newly
+        # materialized ones), so a turn costs O(ready) and a long chain stays O(n) overall.
+        if self.graph.fresh:
+            self.frontier.update(self.graph.fresh)
+            self.graph.fresh.clear()
+        if not self.frontier:
+            return
         in_scope: dict[str, int] = {}
         for active in (*self.running, *self.ready):
             prefix = self.graph.specs[active].scope
             in_scope[prefix] = in_scope.get(prefix, 0) + 1
-        for node_id in list(self.graph.order):
-            if node_id in self.done:
-                continue  # the common case in a long graph: skip it before any lookup
+        for node_id in sorted(self.frontier, key=self.graph.pos.__getitem__):
             node = self.graph.specs[node_id]
-            # Waiting on a dependency is the next most common case; test it inline.
-            if not self.done.issuperset(node.deps) or not self._is_ready(node):
+            if node_id not in self.nodes:
+                continue  # materialized this turn; considered once its commit recorded it
+            if node_id in self.done or not self._is_ready(node):
+                self.frontier.discard(node_id)  # re-added when a dependency completes
                 continue
             leaf = not containers.is_container(node)
             if leaf and in_scope.get(node.scope, 0) >= \
                     self.graph.scopes[node.scope].concurrency:
                 continue  # its plan's concurrency is full: ask for a permit later
+            self.frontier.discard(node_id)
             try:
                 args = self._prepare_args(node)
             except NodeInputError as exc:
@@ -399,15 +414,16 @@ class TaskRun:
                 # Containers hold no permit: entering one only materializes its children.
                 if self.nodes[node_id].state == "running":
                     continue
-                if not containers.enter(self, node, args, digest(args), steps, pending):
+                if not containers.enter(self, node, args, digest(args, trusted=True), steps,
+                                        pending):
                     return
                 continue
             in_scope[node.scope] = in_scope.get(node.scope, 0) + 1
             if isinstance(node.binding, AgentBinding):
-                self.ready[node_id] = _Ready(node_id, args, digest(args),
+                self.ready[node_id] = _Ready(node_id, args, digest(args, trusted=True),
                                              self.admission.free_ticket(node_id), free=True)
                 continue
-            self.ready[node_id] = _Ready(node_id, args, digest(args),
+            self.ready[node_id] = _Ready(node_id, args, digest(args, trusted=True),
                                          self.admission.request(node_id))
 
     def admit_charges(self, node_id: str, charges: dict[str, int], pending: dict[str, int],
@@ -446,7 +462,7 @@ class TaskRun:
             # Static args are copied too: a tool that mutates its args must not change the
             # plan (a retry would see different input).
             args: dict[str, Any] = resolve_args(node.args, self._ref_values(node)) \
-                if node.refs else json_copy(node.args)
+                if node.refs else json_copy(node.args, trusted=True)
         except LookupError as exc:
             raise NodeInputError(f"node {node.id!r}: {exc}", node_id=node.id) from None
         if node.refs:
