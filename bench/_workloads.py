@@ -65,6 +65,7 @@ def _costs(delta: dict[str, Any], store_name: str, count: int) -> dict[str, Any]
         "durable_commits_per_node": _per(commits, count),
         "write_calls": delta["calls"],
         "round_trips_per_node": _per(round_trips(delta), count),
+        "store_reads_per_node": _per(stats.get("reads"), count),
         "store_bytes_per_node": _per(stats.get("bytes_written"), count),
         "write_syscall_bytes_per_node": None if store_name == "memory"
         else _per(delta["wchar"], count),
@@ -165,6 +166,8 @@ async def w3(store_name: str, directory: Path, tasks: int, tag: str) -> dict[str
         "per_task_ms": round(wall / tasks * 1000, 3),
         "per_node_ms": round(wall / nodes * 1000, 4),
         "durable_commits_per_task": None if commits is None else round(commits / tasks, 2),
+        "store_reads_per_task": None if "reads" not in delta["stats"]
+        else round(delta["stats"]["reads"] / tasks, 2),
         **costs,
         "config": {"chain": W3_CHAIN, "measured": "create + run per task, sequential"},
     }
