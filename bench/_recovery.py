@@ -34,6 +34,18 @@ RUN_PY = Path(__file__).with_name("run.py")
 
 
 def peak_rss_mb() -> float:
+    """This process's peak resident set size in MiB.
+
+    Linux's ``ru_maxrss`` survives ``execve``: a child spawned by a large parent reports at
+    least the parent's size. ``VmHWM`` belongs to the process's own address space, so it is
+    preferred where it exists.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
