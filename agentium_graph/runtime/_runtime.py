@@ -140,6 +140,7 @@ class ExecutionGraphRuntime:
         self._active: dict[str, TaskRun] = {}
         self._root_limits: dict[str, RootLimits] = {}
         self._nested: dict[tuple[str, str, tuple[str, ...] | None], CompiledPlan] = {}
+        self._compiled: dict[tuple[str, PlanLimits, tuple[str, ...] | None], CompiledPlan] = {}
 
     # --- create ---------------------------------------------------------------------
     async def create(self, key: str, program: ExecutionGraphProgram, *, input: Any = None,
@@ -158,8 +159,8 @@ class ExecutionGraphRuntime:
         limits = limits or self.limits
         budgets = budgets or Budgets()
         grant_list = None if grants is None else tuple(sorted(set(grants)))
-        plan = validate_plan(program.plan, self.catalog, limits=program.limits,
-                             grants=grant_list)
+        plan = self._plan(program.plan, program.limits, grant_list,
+                          str(program.descriptor()["plan_digest"]))
         self._check_input(program, input)
         used = _used_bindings(plan, self.catalog)
         if grant_list is not None:
@@ -197,10 +198,14 @@ class ExecutionGraphRuntime:
                 now + timedelta(seconds=after) if after is not None else None),
             journal_seq=1)
         nodes = tuple(_node_record(key, plan, node_id, None, "") for node_id in plan.order)
-        await self.store.create_task(CreateTaskRequest(
+        created = await self.store.create_task(CreateTaskRequest(
             header=header, identity=identity, nodes=nodes,
             admission_id=admission_id(header.task_id, "create")))
-        return await self.inspect(key)
+        if not created.created:
+            return await self.inspect(key)  # a re-delivery: show what is stored
+        snapshot = TaskSnapshot(header=created.header, nodes={n.node_id: n for n in nodes},
+                                actions={})
+        return await build_view(self.store, snapshot, identity)
 
     def _check_input(self, program: ExecutionGraphProgram, value: Any) -> None:
         try:
@@ -412,9 +417,20 @@ class ExecutionGraphRuntime:
     def _compile(self, identity: TaskIdentity) -> CompiledPlan:
         assert identity.plan is not None
         self._root_limits[identity.key] = RootLimits(**identity.root_limits)
-        return validate_plan(identity.plan, self.catalog,
-                             limits=PlanLimits(**identity.plan_limits),
-                             grants=identity.grants)
+        return self._plan(identity.plan, PlanLimits(**identity.plan_limits), identity.grants,
+                          str(identity.program.get("plan_digest")))
+
+    def _plan(self, plan: dict[str, Any], limits: PlanLimits, grants: tuple[str, ...] | None,
+              plan_digest: str) -> CompiledPlan:
+        """Validate and compile a plan once per (plan, limits, grants); runs reuse it."""
+        key = (plan_digest, limits, grants)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = validate_plan(plan, self.catalog, limits=limits, grants=grants)
+            if len(self._compiled) >= 256:
+                self._compiled.pop(next(iter(self._compiled)))
+            self._compiled[key] = compiled
+        return compiled
 
     async def _load_outputs(self, snapshot: TaskSnapshot) -> dict[str, Any]:
         wanted: dict[str, str] = {n.node_id: n.output_digest for n in snapshot.nodes.values()
@@ -452,7 +468,7 @@ async def build_view(store: DurableTaskStore, snapshot: TaskSnapshot,
     elif digest(identity.model_dump(mode="json")) != header.identity_digest:
         problems.append("identity record does not match the task's identity digest")
     wanted = sorted({n.output_digest for n in snapshot.nodes.values() if n.output_digest})
-    blobs = await store.get_blobs(wanted)
+    blobs = await store.get_blobs(wanted) if wanted else {}
     views: dict[str, NodeView] = {}
     for node_id, rec in snapshot.nodes.items():
         output: Any = None
