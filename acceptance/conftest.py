@@ -18,14 +18,27 @@ from acceptance._graph import CallLog
 from acceptance._stores import open_store
 from agentium_graph import DurableTaskStore
 
+from agentium_graph_mongodb import pytest_plugin
+
 ROOT = Path(__file__).resolve().parent.parent
-DURABLE_STORES = ["sqlite"]
+DURABLE_STORES = ["sqlite", "mongodb"]
+
+# The MongoDB server fixtures (one server per session, one database per test) and the
+# pytest header line naming which server was used.
+mongodb_server = pytest_plugin.mongodb_server
+mongodb_uri = pytest_plugin.mongodb_uri
+mongodb_database = pytest_plugin.mongodb_database
+pytest_report_header = pytest_plugin.pytest_report_header
 
 
-def store_spec(kind: str, tmp: Path) -> dict[str, Any]:
+def store_spec(kind: str, tmp: Path, request: pytest.FixtureRequest) -> dict[str, Any]:
     if kind == "sqlite":
         return {"factory": "acceptance._stores:sqlite_store",
                 "kwargs": {"path": str(tmp / "tasks.db")}}
+    if kind == "mongodb":
+        return {"factory": "acceptance._stores:mongodb_store",
+                "kwargs": {"uri": request.getfixturevalue("mongodb_uri"),
+                           "database": request.getfixturevalue("mongodb_database")}}
     raise AssertionError(kind)
 
 
@@ -73,7 +86,8 @@ def _last_json(out: str) -> dict[str, Any] | None:
 
 @pytest.fixture(params=DURABLE_STORES)
 def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
-    yield Case(spec=store_spec(request.param, tmp_path), log=CallLog(tmp_path / "calls.log"))
+    yield Case(spec=store_spec(request.param, tmp_path, request),
+               log=CallLog(tmp_path / "calls.log"))
 
 
 @pytest.fixture
