@@ -17,7 +17,6 @@ import pytest
 from acceptance._graph import CallLog
 from acceptance._stores import open_store
 from agentium_graph import DurableTaskStore
-
 from agentium_graph_mongodb import pytest_plugin
 
 ROOT = Path(__file__).resolve().parent.parent
