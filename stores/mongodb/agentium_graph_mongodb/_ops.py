@@ -20,6 +20,7 @@ conflict with the lease holder's compare-and-set.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -353,11 +354,11 @@ class Session:
                     self.cache.drop(key)  # believe a refusal only from a fresh read
                     doc = None
                     continue
-                if plan.blobs and not blobs_written:
-                    await self._insert_blobs(op, plan.blobs)
-                    blobs_written = True
-                if plan.journal and not await self._insert_journal(op, key, plan.journal,
-                                                                   token, doc.seq):
+                blobs = {} if blobs_written else plan.blobs
+                journal_ok = await self._side_writes(op, key, blobs, plan.journal, token,
+                                                     doc.seq)
+                blobs_written = True
+                if not journal_ok:
                     self.counters.cas_misses += 1  # lost the race for the journal slots
                     self.cache.drop(key)
                     doc = None
@@ -384,6 +385,20 @@ class Session:
                 f"{self.cas_attempts} times in a row; other writers keep changing this task. "
                 "Retry; if it persists, check for several workers fighting over the task",
                 details={"key": key, "op": op, "attempts": self.cas_attempts})
+
+    async def _side_writes(self, op: str, key: str, blobs: dict[str, str],
+                           entries: list[JournalEntry], token: str, seq: int) -> bool:
+        """Blobs and journal entries, concurrently: one round trip of latency for both."""
+        if not blobs or not entries:
+            await self._insert_blobs(op, blobs)
+            return await self._insert_journal(op, key, entries, token, seq)
+        done = await asyncio.gather(self._insert_blobs(op, blobs),
+                                    self._insert_journal(op, key, entries, token, seq),
+                                    return_exceptions=True)
+        for outcome in done:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return done[1] is True
 
     async def _compare_and_set(self, op: str, key: str, seq: int, plan: _Plan[R],
                                token: str) -> dict[str, Any] | None:
@@ -421,6 +436,8 @@ class Session:
     async def _insert_journal(self, op: str, key: str, entries: list[JournalEntry],
                               token: str, seq: int) -> bool:
         """Write this attempt's entries; False when the caller must read again and retry."""
+        if not entries:
+            return True
         docs = [journal_doc(key, e, token) for e in entries]
         taken = [docs[i] for i in await self._insert_many(op, self.journal, docs)]
         if not taken:

@@ -130,6 +130,16 @@ def ping(uri: str, timeout_s: float = 0.25) -> bool:
         client.close()
 
 
+def _accepts(port: int) -> bool:
+    """Whether 127.0.0.1:port accepts a TCP connection (waits briefly when it does not)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.25):
+            return True
+    except OSError:
+        time.sleep(0.05)  # bounded readiness polling of a starting server process
+        return False
+
+
 # --- servers ---------------------------------------------------------------------------------
 
 class MongoServer:
@@ -194,7 +204,9 @@ class LocalServer(MongoServer):
             uri = f"mongodb://127.0.0.1:{port}/?directConnection=true"
             deadline = time.monotonic() + READY_TIMEOUT_S
             while time.monotonic() < deadline and self.process.poll() is None:
-                if ping(uri):
+                # A plain TCP probe first: a driver client closed while its monitor is
+                # still connecting to a server that is just starting can leak a socket.
+                if _accepts(port) and ping(uri, timeout_s=5.0):
                     self.port, self.uri = port, uri
                     self.description = f"{self.kind} on 127.0.0.1:{port} ({self.executable})"
                     return

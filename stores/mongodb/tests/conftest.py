@@ -35,3 +35,4 @@ async def raw_db(mongodb_uri: str,
         yield client[mongodb_database]
     finally:
         await client.close()
+

@@ -116,7 +116,6 @@ def test_a_taken_port_is_retried_on_another(own_server: LocalServer,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", 0))
-        taken.listen()
         busy = taken.getsockname()[1]
         ports = iter([busy, free_port()])
         monkeypatch.setattr(testing, "free_port", lambda: next(ports))
