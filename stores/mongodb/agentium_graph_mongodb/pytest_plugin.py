@@ -6,7 +6,8 @@ Use them from a ``conftest.py`` (the hook must be importable there too)::
         mongodb_database, mongodb_server, mongodb_uri, pytest_report_header)
 
 * ``mongodb_server`` (session): the server :func:`~agentium_graph_mongodb.testing.choose_server`
-  picks, started once and stopped at the end of the session.
+  picks, started once per session (shared by every conftest that imports the fixture) and
+  stopped at the end.
 * ``mongodb_uri``: its URI. ``mongodb_database``: a fresh database name, dropped after the test.
 * ``pytest_report_header`` prints the choice once.
 
@@ -31,6 +32,8 @@ from agentium_graph_mongodb.testing import (
 )
 
 _CHOICE = pytest.StashKey[ServerChoice]()
+_HEADER_SHOWN = pytest.StashKey[bool]()
+_SERVER = pytest.StashKey[MongoServer]()
 
 
 def _choice(config: pytest.Config) -> ServerChoice:
@@ -40,6 +43,9 @@ def _choice(config: pytest.Config) -> ServerChoice:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
+    if config.stash.get(_HEADER_SHOWN, False):
+        return []  # several conftest files may import this hook: say it once
+    config.stash[_HEADER_SHOWN] = True
     choice = _choice(config)
     if choice.kind == "none":
         what = "FAIL (CI=true)" if in_ci() else "skip"
@@ -58,7 +64,12 @@ def _unavailable(reason: str) -> None:
 @pytest.fixture(scope="session")
 def mongodb_server(request: pytest.FixtureRequest,
                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[MongoServer]:
-    choice = _choice(request.config)
+    config = request.config
+    shared = config.stash.get(_SERVER, None)
+    if shared is not None:  # started by this fixture in another conftest's scope
+        yield shared
+        return
+    choice = _choice(config)
     if choice.kind == "none":
         _unavailable(choice.detail)
     try:
@@ -66,9 +77,11 @@ def mongodb_server(request: pytest.FixtureRequest,
     except ServerStartError as exc:
         _unavailable(str(exc))
         raise  # unreachable: _unavailable always raises
+    config.stash[_SERVER] = server
     try:
         yield server
     finally:
+        del config.stash[_SERVER]
         server.stop()
 
 
