@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections import Counter
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from agentium_graph import HostCatalog, ToolBinding, tool_context
 from agentium_graph._canonical import digest
 from agentium_graph.store import (
     COUNTERS,
@@ -18,6 +21,8 @@ from agentium_graph.store import (
     TaskIdentity,
 )
 
+INT = {"type": "object", "properties": {"value": {"type": "integer"}},
+       "required": ["value"]}
 T0 = datetime(2030, 1, 1, 0, 0, 0, 123456, tzinfo=UTC)
 
 
@@ -59,3 +64,41 @@ def commit_request(key: str, fence: int, steps: Iterable[Step], *, worker: str =
                    now: float = 1.0, blobs: dict[str, str] | None = None) -> CommitRequest:
     return CommitRequest(key=key, worker_id=worker, fence=fence, now=at(now),
                          steps=tuple(steps), blobs=blobs or {})
+
+
+class Tools:
+    """Pure tools that count their calls; ``slow`` can be held until released."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self.hold_slow = False
+        self.slow_started = asyncio.Event()
+        self.release: asyncio.Event | None = None  # set() lets a held "slow" finish
+
+    def catalog(self) -> HostCatalog:
+        def double(args: dict[str, Any]) -> dict[str, int]:
+            self.calls[tool_context().node_id] += 1
+            return {"value": args["x"] * 2}
+
+        async def slow(args: dict[str, Any]) -> dict[str, int]:
+            self.calls[tool_context().node_id] += 1
+            self.slow_started.set()
+            if self.hold_slow:
+                # Until released, or until the run is cancelled.
+                await (self.release or asyncio.Event()).wait()
+            return {"value": args["x"] + 1}
+
+        def add(args: dict[str, Any]) -> dict[str, int]:
+            self.calls[tool_context().node_id] += 1
+            return {"value": sum(args["values"])}
+
+        number_in = {"type": "object", "properties": {"x": {"type": "integer"}},
+                     "required": ["x"]}
+        return HostCatalog([
+            ToolBinding(id="double", version="1", execute=double, recovery="pure",
+                        input_schema=number_in, output_schema=INT, run_in_thread=False),
+            ToolBinding(id="slow", version="1", execute=slow, recovery="pure",
+                        input_schema=number_in, output_schema=INT),
+            ToolBinding(id="add", version="1", execute=add, recovery="pure",
+                        output_schema=INT, run_in_thread=False),
+        ])

@@ -4,6 +4,7 @@ local server's crash controls: SIGKILL + restart keeps acknowledged writes, a st
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import stat
@@ -12,8 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mongodb_helpers import acquire_request, commit_request, create_request
+from mongodb_helpers import Tools, acquire_request, commit_request, create_request
 
+from agentium_graph import ExecutionGraphProgram, ExecutionGraphRuntime
 from agentium_graph.errors import StoreUnavailableError
 from agentium_graph.store import Charge
 from agentium_graph.testing import capture
@@ -109,7 +111,7 @@ def own_server(tmp_path: Path) -> Iterator[LocalServer]:
     try:
         yield server
     finally:
-        server.stop()
+        server.kill()  # its data is thrown away: no need for a clean (2 s) shutdown
 
 
 def test_a_taken_port_is_retried_on_another(own_server: LocalServer,
@@ -160,3 +162,74 @@ async def test_a_stalled_server_is_bounded_by_timeouts(own_server: LocalServer) 
     finally:
         own_server.resume()
         await store.close()
+
+
+# --- the server dies under a running graph ------------------------------------------------------
+
+def _chain_program() -> ExecutionGraphProgram:
+    ref = {"$ref": {"node": "src", "path": ["value"]}}
+    return ExecutionGraphProgram(id="chain", version="1", plan={
+        "schemaVersion": 1, "revision": 1, "nodes": [
+            {"id": "src", "binding": "double", "version": "1", "args": {"x": 3}},
+            {"id": "slow", "binding": "slow", "version": "1", "args": {"x": ref}},
+            {"id": "join", "binding": "add", "version": "1",
+             "args": {"values": [{"$ref": {"node": "slow", "path": ["value"]}}]}}]})
+
+
+async def test_a_run_rides_through_a_server_crash(own_server: LocalServer) -> None:
+    own_server.start()
+    tools = Tools()
+    tools.hold_slow = True
+    release = asyncio.Event()
+    tools.release = release
+    store = open_store(own_server.uri, "ride", retries=10, retry_max_wait_s=0.5,
+                       server_selection_timeout_s=2)
+    try:
+        runtime = ExecutionGraphRuntime(catalog=tools.catalog(), store=store,
+                                        require_durable=True)
+        await runtime.create("job", _chain_program())
+        run = asyncio.create_task(runtime.run("job", worker_id="w1"))
+        await asyncio.wait_for(tools.slow_started.wait(), timeout=10)
+        own_server.kill()
+        await asyncio.to_thread(own_server.start)  # same port and data
+        release.set()
+        result = await asyncio.wait_for(run, timeout=60)
+        assert result.output["join"] == {"value": 7}
+        view = await runtime.inspect("job")
+        assert view.verified
+    finally:
+        await store.close()
+    assert dict(tools.calls) == {"src": 1, "slow": 1, "join": 1}
+
+
+async def test_a_run_that_outlives_the_retries_fails_typed_and_recovers(
+        own_server: LocalServer) -> None:
+    own_server.start()
+    tools = Tools()
+    tools.hold_slow = True
+    release = asyncio.Event()
+    tools.release = release
+    store = open_store(own_server.uri, "outage", retries=1, retry_max_wait_s=0.05,
+                       server_selection_timeout_s=0.3)
+    try:
+        runtime = ExecutionGraphRuntime(catalog=tools.catalog(), store=store,
+                                        require_durable=True)
+        await runtime.create("job", _chain_program())
+        run = asyncio.create_task(runtime.run("job", worker_id="w1"))
+        await asyncio.wait_for(tools.slow_started.wait(), timeout=10)
+        own_server.kill()
+        release.set()  # "slow" finishes while the server is down: its commit cannot land
+        with pytest.raises(StoreUnavailableError):
+            await asyncio.wait_for(run, timeout=60)
+    finally:
+        await store.close()
+    await asyncio.to_thread(own_server.start)
+    tools.hold_slow = False
+    async with open_store(own_server.uri, "outage") as fresh:
+        runtime = ExecutionGraphRuntime(catalog=tools.catalog(), store=fresh,
+                                        require_durable=True)
+        result = await runtime.run("job", worker_id="w1")
+        assert result.output["join"] == {"value": 7}
+        assert (await runtime.inspect("job")).verified
+    assert tools.calls["src"] == 1 and tools.calls["join"] == 1
+    assert tools.calls["slow"] == 2  # its completion was never acknowledged: run again

@@ -6,26 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import Counter
 from typing import Any
 
+from mongodb_helpers import Tools
 from pymongo.asynchronous.database import AsyncDatabase
 
 from agentium_graph import (
     ExecutionGraphProgram,
     ExecutionGraphRuntime,
-    HostCatalog,
     TaskCanceledError,
-    ToolBinding,
-    tool_context,
 )
 from agentium_graph._canonical import digest_text
 from agentium_graph_mongodb import MongoDBDurableTaskStore
 from agentium_graph_mongodb.testing import open_store
 
 Raw = AsyncDatabase[dict[str, Any]]
-INT = {"type": "object", "properties": {"value": {"type": "integer"}},
-       "required": ["value"]}
 
 
 def _ref(node: str) -> dict[str, Any]:
@@ -40,42 +35,6 @@ PLAN: dict[str, Any] = {"schemaVersion": 1, "revision": 1, "nodes": [
     {"id": "join", "binding": "add", "version": "1",
      "args": {"values": [_ref("left.v1"), _ref("right.v2")]}},
 ]}
-
-
-class Tools:
-    """Pure tools that count their calls; ``slow`` can be held until released."""
-
-    def __init__(self) -> None:
-        self.calls: Counter[str] = Counter()
-        self.hold_slow = False
-        self.slow_started = asyncio.Event()
-
-    def catalog(self) -> HostCatalog:
-        def double(args: dict[str, Any]) -> dict[str, int]:
-            self.calls[tool_context().node_id] += 1
-            return {"value": args["x"] * 2}
-
-        async def slow(args: dict[str, Any]) -> dict[str, int]:
-            self.calls[tool_context().node_id] += 1
-            self.slow_started.set()
-            if self.hold_slow:
-                await asyncio.Event().wait()  # until the run is cancelled
-            return {"value": args["x"] + 1}
-
-        def add(args: dict[str, Any]) -> dict[str, int]:
-            self.calls[tool_context().node_id] += 1
-            return {"value": sum(args["values"])}
-
-        number_in = {"type": "object", "properties": {"x": {"type": "integer"}},
-                     "required": ["x"]}
-        return HostCatalog([
-            ToolBinding(id="double", version="1", execute=double, recovery="pure",
-                        input_schema=number_in, output_schema=INT, run_in_thread=False),
-            ToolBinding(id="slow", version="1", execute=slow, recovery="pure",
-                        input_schema=number_in, output_schema=INT),
-            ToolBinding(id="add", version="1", execute=add, recovery="pure",
-                        output_schema=INT, run_in_thread=False),
-        ])
 
 
 def _program() -> ExecutionGraphProgram:
