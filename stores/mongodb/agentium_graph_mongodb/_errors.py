@@ -26,6 +26,7 @@ from typing import Any
 from bson.errors import BSONError, InvalidDocument
 from pymongo.errors import (
     BulkWriteError,
+    ClientBulkWriteException,
     ConnectionFailure,
     InvalidOperation,
     OperationFailure,
@@ -79,9 +80,30 @@ def _bulk_codes(exc: BulkWriteError) -> tuple[set[int], set[int]]:
     return write, concern
 
 
+def _client_bulk_codes(exc: ClientBulkWriteException) -> tuple[set[int], set[int]]:
+    def code(e: Any) -> int:
+        found = e.get("code", 0) if isinstance(e, Mapping) else getattr(e, "code", 0)
+        return int(found or 0)
+    return ({code(e) for e in exc.write_errors or []},
+            {code(e) for e in exc.write_concern_errors or []})
+
+
+def _cause(exc: PyMongoError | BSONError | OverflowError) -> PyMongoError | BSONError | \
+        OverflowError:
+    """The error that decides: a client bulk write's top-level error when it has one."""
+    if isinstance(exc, ClientBulkWriteException) and isinstance(
+            exc.error, PyMongoError | BSONError):
+        return exc.error
+    return exc
+
+
 def is_transient(exc: PyMongoError) -> bool:
     if isinstance(exc, ConnectionFailure):  # AutoReconnect, NetworkTimeout, NotPrimary, ...
         return True
+    if isinstance(exc, ClientBulkWriteException):
+        write, concern = _client_bulk_codes(exc)
+        return bool((write | concern) & TRANSIENT_CODES) and not write - TRANSIENT_CODES - {
+            DUPLICATE_KEY}
     if isinstance(exc, BulkWriteError):
         write, concern = _bulk_codes(exc)
         return bool((write | concern) & TRANSIENT_CODES) and not write - TRANSIENT_CODES - {
@@ -96,6 +118,7 @@ def is_transient(exc: PyMongoError) -> bool:
 def map_mongo_error(exc: PyMongoError | BSONError | OverflowError, op: str,
                     where: str) -> StoreError:
     """The typed store error for a driver failure of ``op`` against ``where``."""
+    exc = _cause(exc)
     name = type(exc).__name__
     code = _code(exc) if isinstance(exc, PyMongoError) else None
     details: dict[str, Any] = {"op": op, "where": where, "driver_error": name}
@@ -107,7 +130,9 @@ def map_mongo_error(exc: PyMongoError | BSONError | OverflowError, op: str,
             exc, ServerSelectionTimeoutError) else "a transient server or network failure")
         return TransientStoreError(f"{head}; {hint}", details=details)
     if code in AUTH_CODES or (isinstance(exc, BulkWriteError) and
-                              _bulk_codes(exc)[0] & AUTH_CODES):
+                              _bulk_codes(exc)[0] & AUTH_CODES) or (
+            isinstance(exc, ClientBulkWriteException) and
+            _client_bulk_codes(exc)[0] & AUTH_CODES):
         return StoreError(
             f"{head}: authentication or authorization failed; check the user name, password "
             "and authSource in the URI, and that the user may read and write this database",

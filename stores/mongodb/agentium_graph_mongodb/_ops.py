@@ -4,7 +4,8 @@ A transition that changes the header (commit, acquire, release) is:
 
 1. take the task document (this store's cached copy, else one read);
 2. let :mod:`agentium_graph.store._transitions` decide, giving the ``$set`` paths;
-3. insert blobs and journal entries (insert-if-absent, deterministic ``_id``);
+3. insert blobs and journal entries (insert-if-absent, deterministic ``_id``; one
+   client-level ``bulkWrite`` on MongoDB 8.0+, else two inserts at once);
 4. one ``find_one_and_update`` filtered on ``_id`` + ``header.seq`` (compare-and-set).
 
 A miss in step 4 means another writer got there first: read again and decide again
@@ -27,10 +28,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from pymongo import ReturnDocument
+from pymongo import InsertOne, ReturnDocument
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import BulkWriteError, DuplicateKeyError
+from pymongo.errors import BulkWriteError, ClientBulkWriteException, DuplicateKeyError
 
 from agentium_graph.errors import (
     AgentiumGraphError,
@@ -132,7 +133,11 @@ class Session:
     """Every protocol operation against one database (built once the database is ready)."""
 
     def __init__(self, db: AsyncDatabase[dict[str, Any]], io: IO, counters: Counters,
-                 cache: DocCache, cas_attempts: int) -> None:
+                 cache: DocCache, cas_attempts: int, client_bulk: bool) -> None:
+        self.client = db.client
+        self.db_name = db.name
+        self.write_concern = db.write_concern
+        self.client_bulk = client_bulk  # the server runs client-level bulkWrite (8.0+)
         self.tasks: AsyncCollection[dict[str, Any]] = db[TASKS]
         self.journal: AsyncCollection[dict[str, Any]] = db[JOURNAL]
         self.blobs: AsyncCollection[dict[str, Any]] = db[BLOBS]
@@ -388,17 +393,30 @@ class Session:
 
     async def _side_writes(self, op: str, key: str, blobs: dict[str, str],
                            entries: list[JournalEntry], token: str, seq: int) -> bool:
-        """Blobs and journal entries, concurrently: one round trip of latency for both."""
-        if not blobs or not entries:
-            await self._insert_blobs(op, blobs)
-            return await self._insert_journal(op, key, entries, token, seq)
-        done = await asyncio.gather(self._insert_blobs(op, blobs),
-                                    self._insert_journal(op, key, entries, token, seq),
-                                    return_exceptions=True)
-        for outcome in done:
-            if isinstance(outcome, BaseException):
-                raise outcome
-        return done[1] is True
+        """Insert blobs and journal entries (one round trip when the server can do both in
+        one client-level bulk write); False when the caller must read again and retry."""
+        blob_docs = [blob_doc(d, text) for d, text in sorted(blobs.items())]
+        journal_docs = [journal_doc(key, e, token) for e in entries]
+        if blob_docs and journal_docs and self.client_bulk:
+            taken = await self._bulk_insert(op, blob_docs, journal_docs)
+        elif blob_docs and journal_docs:  # an older server: both at once, on two connections
+            done = await asyncio.gather(self._insert_many(op, self.blobs, blob_docs),
+                                        self._insert_many(op, self.journal, journal_docs),
+                                        return_exceptions=True)
+            for outcome in done:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            taken = done[1] if isinstance(done[1], list) else []
+        elif blob_docs:
+            await self._insert_many(op, self.blobs, blob_docs)
+            taken = []
+        elif journal_docs:
+            taken = await self._insert_many(op, self.journal, journal_docs)
+        else:
+            taken = []
+        if not taken:
+            return True
+        return await self._resolve_taken(op, key, [journal_docs[i] for i in taken], token, seq)
 
     async def _compare_and_set(self, op: str, key: str, seq: int, plan: _Plan[R],
                                token: str) -> dict[str, Any] | None:
@@ -433,15 +451,32 @@ class Session:
             await self._insert_many(op, self.blobs,
                                     [blob_doc(d, text) for d, text in sorted(blobs.items())])
 
-    async def _insert_journal(self, op: str, key: str, entries: list[JournalEntry],
-                              token: str, seq: int) -> bool:
-        """Write this attempt's entries; False when the caller must read again and retry."""
-        if not entries:
-            return True
-        docs = [journal_doc(key, e, token) for e in entries]
-        taken = [docs[i] for i in await self._insert_many(op, self.journal, docs)]
-        if not taken:
-            return True
+    async def _bulk_insert(self, op: str, blob_docs: list[dict[str, Any]],
+                           journal_docs: list[dict[str, Any]]) -> list[int]:
+        """Both inserts in one ``bulkWrite`` command (MongoDB 8.0+); the indexes of journal
+        documents whose ``_id`` already existed (existing blobs are simply kept)."""
+        models = [InsertOne(namespace=f"{self.db_name}.{BLOBS}", document=d)
+                  for d in blob_docs]
+        models += [InsertOne(namespace=f"{self.db_name}.{JOURNAL}", document=d)
+                   for d in journal_docs]
+        skip = len(blob_docs)
+
+        async def run() -> list[int]:
+            try:
+                await self.client.bulk_write(models, ordered=False,
+                                             write_concern=self.write_concern)
+            except ClientBulkWriteException as exc:
+                errors: list[Any] = list(exc.write_errors or [])  # dicts at run time
+                if exc.error is not None or exc.write_concern_errors or any(
+                        e.get("code") != DUPLICATE_KEY for e in errors):
+                    raise
+                return sorted(int(e["idx"]) - skip for e in errors if int(e["idx"]) >= skip)
+            return []
+        return await self.io(op, run, write=True)
+
+    async def _resolve_taken(self, op: str, key: str, taken: list[dict[str, Any]],
+                             token: str, seq: int) -> bool:
+        """Some journal slots this attempt needs hold documents already: find out whose."""
         ids = [d["_id"] for d in taken]
 
         async def fetch() -> list[dict[str, Any]]:

@@ -61,6 +61,7 @@ from agentium_graph_mongodb._ops import Counters, Session
 
 T = TypeVar("T")
 DEFAULT_WRITE_CONCERN = WriteConcern(w="majority", j=True)
+CLIENT_BULK_WIRE_VERSION = 25  # MongoDB 8.0: the bulkWrite command across collections
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,12 +241,13 @@ class MongoDBDurableTaskStore:
                 db: AsyncDatabase[dict[str, Any]] = self._client.get_database(
                     self._database_name, write_concern=self._write_concern,
                     read_preference=ReadPreference.PRIMARY)
-                await self._prepare(db)
+                client_bulk = await self._prepare(db)
                 self._session = Session(db, self._io, self._counters, self._cache,
-                                        self._cas_attempts)
+                                        self._cas_attempts, client_bulk)
             return self._session
 
-    async def _prepare(self, db: AsyncDatabase[dict[str, Any]]) -> None:
+    async def _prepare(self, db: AsyncDatabase[dict[str, Any]]) -> bool:
+        """Stamp/check the schema, create the indexes; whether client bulkWrite works."""
         meta = db[META]
 
         async def stamp() -> dict[str, Any] | None:
@@ -263,6 +265,8 @@ class MongoDBDurableTaskStore:
             [("header.status", 1), ("_id", 1)], name="by_status"), write=True)
         await self._io("open (create indexes)", lambda: db[JOURNAL].create_index(
             [("k", 1), ("s", 1)], unique=True, name="by_task_seq"), write=True)
+        hello = await self._io("open (hello)", lambda: db.command("hello"))
+        return int(hello.get("maxWireVersion", 0)) >= CLIENT_BULK_WIRE_VERSION
 
     # --- DurableTaskStore ------------------------------------------------------------------
     async def create_task(self, request: CreateTaskRequest) -> CreateTaskResult:

@@ -11,11 +11,14 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 from bson.errors import InvalidBSON, InvalidDocument
 from mongodb_helpers import acquire_request, at, commit_request, create_request
+from pymongo import AsyncMongoClient
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.cursor import AsyncCursor
+from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import (
     AutoReconnect,
     BulkWriteError,
+    ClientBulkWriteException,
     CollectionInvalid,
     ConnectionFailure,
     CursorNotFound,
@@ -68,6 +71,10 @@ TRANSIENT: list[BaseException] = [
     ExecutionTimeout("time limit", 50),
     OperationFailure("labelled", 999, {"errorLabels": ["RetryableWriteError"]}),
     BulkWriteError({"writeErrors": [], "writeConcernErrors": [{"code": 91}]}),
+    ClientBulkWriteException({"error": AutoReconnect("reset"), "writeErrors": [],
+                              "writeConcernErrors": []}, False),
+    ClientBulkWriteException({"writeErrors": [], "writeConcernErrors": [{"code": 189}]},
+                             False),
 ]
 PERMANENT: list[BaseException] = [
     OperationFailure("auth failed", 18),
@@ -82,6 +89,10 @@ PERMANENT: list[BaseException] = [
     BulkWriteError({"writeErrors": [{"index": 0, "code": 10334}]}),
     BulkWriteError({"writeErrors": [{"index": 0, "code": 11000}],
                     "writeConcernErrors": [{"code": 100}]}),
+    ClientBulkWriteException({"writeErrors": [{"idx": 0, "code": 10334}],
+                              "writeConcernErrors": []}, False),
+    ClientBulkWriteException({"error": OperationFailure("auth", 18), "writeErrors": [],
+                              "writeConcernErrors": []}, False),
     CursorNotFound("cursor gone", 43),
     ProtocolError("bad reply"),
     DriverConfigurationError("bad option"),
@@ -118,6 +129,8 @@ def test_permanent_errors_are_store_errors_that_are_not_retried(error: PyMongoEr
     (OverflowError("8-byte ints"), "64-bit"),
     (ServerSelectionTimeoutError("x"), "no server was reachable"),
     (OperationFailure("bad value", 2), "recoverable"),
+    (ClientBulkWriteException({"error": OperationFailure("auth", 18), "writeErrors": [],
+                               "writeConcernErrors": []}, False), "check the user name"),
 ])
 def test_messages_say_what_to_do(error: PyMongoError, hint: str) -> None:
     assert hint in str(map_mongo_error(error, "commit", "database 'x'"))
@@ -157,6 +170,8 @@ def _explode(monkeypatch: pytest.MonkeyPatch, error: BaseException) -> None:
     for name in _METHODS:
         monkeypatch.setattr(AsyncCollection, name, raiser)
     monkeypatch.setattr(AsyncCursor, "to_list", raiser)
+    monkeypatch.setattr(AsyncDatabase, "command", raiser)
+    monkeypatch.setattr(AsyncMongoClient, "bulk_write", raiser)
 
 
 @pytest.mark.parametrize("opened", [False, True], ids=["at-open", "after-open"])

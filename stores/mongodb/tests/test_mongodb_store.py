@@ -160,8 +160,13 @@ async def test_cancel_never_conflicts_with_the_owners_commits(
     assert status.cancel is not None and status.cancel.reason == "stop"
 
 
+@pytest.mark.parametrize("client_bulk", [True, False], ids=["bulkWrite", "two-inserts"])
 async def test_a_warm_commit_is_one_compare_and_set_plus_its_side_inserts(
-        store: MongoDBDurableTaskStore) -> None:
+        store: MongoDBDurableTaskStore, client_bulk: bool) -> None:
+    session = await store._ready()
+    if client_bulk and not session.client_bulk:
+        pytest.skip("this server has no client-level bulkWrite (MongoDB < 8.0)")
+    session.client_bulk = client_bulk
     await store.create_task(create_request("k", ["a", "b"]))
     fence = (await store.acquire_lease(acquire_request("k"))).fence
     before = store.stats
@@ -176,7 +181,11 @@ async def test_a_warm_commit_is_one_compare_and_set_plus_its_side_inserts(
         StartAttempt(node_id="b", attempt_id="2", requires_completed=("a",))],
         blobs=dict([out])))
     settle = store.stats - before
-    assert settle.reads == 0 and settle.round_trips <= 3  # + the blob insert
+    # Blob and journal inserts: one bulkWrite command, else two concurrent inserts.
+    assert settle.reads == 0 and settle.round_trips == (2 if client_bulk else 3)
+    snapshot = await store.get_task("k")
+    assert snapshot is not None and snapshot.nodes["a"].output_digest == out[0]
+    assert await store.get_blobs([out[0]]) == dict([out])
 
 
 async def test_concurrent_commits_of_one_store_serialize_without_misses(
@@ -252,8 +261,11 @@ async def test_orphans_of_a_crashed_writer_are_claimed_and_replaced(
                                      "e": ghost.model_dump_json()})
     assert [e.kind for e in await read_timeline(store, "k")][-1] != "ghost"  # invisible
     before = store.stats
-    result = await store.commit(commit_request("k", fence, [ClaimNode(node_id="a")]))
+    out = _blob('{"orphaned":false}')
+    result = await store.commit(commit_request("k", fence, [ClaimNode(node_id="a")],
+                                               blobs=dict([out])))
     assert (store.stats - before).orphans_reclaimed == 1
+    assert await store.get_blobs([out[0]]) == dict([out])
     assert result.header.seq == header.seq + 2  # the claim moved seq once more
     timeline = await read_timeline(store, "k")
     assert [e.kind for e in timeline if e.kind == "ghost"] == []
