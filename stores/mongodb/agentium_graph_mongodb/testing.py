@@ -140,6 +140,20 @@ def _accepts(port: int) -> bool:
         return False
 
 
+def server_pid(uri: str, timeout_s: float = 5.0) -> int | None:
+    """The process id the server at ``uri`` reports (``serverStatus.pid``), if it answers."""
+    client: MongoClient[dict[str, Any]] = MongoClient(
+        uri, serverSelectionTimeoutMS=int(timeout_s * 1000),
+        connectTimeoutMS=int(timeout_s * 1000))
+    try:
+        pid = client.admin.command("serverStatus").get("pid")
+        return int(pid) if isinstance(pid, int | float) else None
+    except PyMongoError:
+        return None
+    finally:
+        client.close()
+
+
 # --- servers ---------------------------------------------------------------------------------
 
 class MongoServer:
@@ -206,7 +220,9 @@ class LocalServer(MongoServer):
             while time.monotonic() < deadline and self.process.poll() is None:
                 # A plain TCP probe first: a driver client closed while its monitor is
                 # still connecting to a server that is just starting can leak a socket.
-                if _accepts(port) and ping(uri, timeout_s=5.0):
+                # Then make sure the server answering is ours, not another process that
+                # took the port first (our process then exits: we try another port).
+                if _accepts(port) and server_pid(uri) == self.process.pid:
                     self.port, self.uri = port, uri
                     self.description = f"{self.kind} on 127.0.0.1:{port} ({self.executable})"
                     return
@@ -314,5 +330,5 @@ def start_server(choice: ServerChoice, workdir: Path) -> MongoServer:
 __all__ = [
     "ENV_URI", "FACTORY", "ContainerServer", "LocalServer", "MongoServer", "ServerChoice",
     "ServerStartError", "choose_server", "docker_answers", "free_port", "in_ci",
-    "open_store", "ping", "secantus_executable", "start_server",
+    "open_store", "ping", "secantus_executable", "server_pid", "start_server",
 ]

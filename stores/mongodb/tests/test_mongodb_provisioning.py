@@ -126,6 +126,22 @@ def test_a_taken_port_is_retried_on_another(own_server: LocalServer,
     assert testing.ping(own_server.uri)
 
 
+def test_a_port_another_server_answers_on_is_not_adopted(
+        own_server: LocalServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    own_server.start()
+    assert own_server.port is not None and own_server.process is not None
+    assert testing.server_pid(own_server.uri) == own_server.process.pid
+    second = LocalServer("secantusdb", own_server.executable, tmp_path / "second")
+    ports = iter([own_server.port, free_port()])
+    monkeypatch.setattr(testing, "free_port", lambda: next(ports))
+    try:
+        second.start()
+        assert second.port != own_server.port and second.process is not None
+        assert testing.server_pid(second.uri) == second.process.pid
+    finally:
+        second.kill()
+
+
 async def test_acknowledged_writes_survive_a_server_crash(own_server: LocalServer) -> None:
     own_server.start()
     store = open_store(own_server.uri, "crash", retries=8, retry_max_wait_s=0.5,
