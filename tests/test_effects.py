@@ -348,3 +348,45 @@ async def test_origin_evidence_distinguishes_connectors_sharing_destination() ->
     assert by_node["us"].origin["binding"] == "pay_us"
     assert by_node["eu"].action_id != by_node["us"].action_id
     assert len(a.dispatched) == 1 and len(b.dispatched) == 1
+
+
+class CrashBeforeRecoveryStatus(CountingStore):
+    """Dies after the uncertain settlement committed, before the task's status did."""
+
+    armed = True
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        from agentium_graph.store import SetStatus
+
+        if self.armed and any(isinstance(s, SetStatus) and s.status == "recovery_required"
+                              for s in request.steps):
+            self.armed = False
+            raise _Crash
+        return await super().commit(request)
+
+
+async def test_uncertain_node_left_by_a_crash_still_requires_recovery() -> None:
+    dest = Destination()
+    store = CrashBeforeRecoveryStatus()
+    # Split the uncertain settle from the status: a sibling keeps the run busy meanwhile.
+    conn = FakeConnector(dest, dispatch_mode="non_json")
+
+    async def slow(args: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(0.2)
+        return {}
+
+    extra = [ToolBinding(id="slow", version="1", execute=slow, recovery="pure")]
+    plan = {"schemaVersion": 1, "revision": 1, "nodes": [
+        *PLAN["nodes"], {"id": "sibling", "binding": "slow", "version": "1"}]}
+    rt = ExecutionGraphRuntime(catalog=pay_catalog(conn, extra), store=store)
+    await rt.create("p", program(plan))
+    with pytest.raises(_Crash):
+        await rt.run("p")
+    snap = await store.get_task("p")
+    assert snap is not None and snap.nodes["charge"].state == "uncertain"
+    assert snap.header.status == "running"
+    fresh = ExecutionGraphRuntime(catalog=pay_catalog(FakeConnector(dest), extra), store=store)
+    with pytest.raises(DurableRecoveryRequiredError) as info:
+        await asyncio.wait_for(fresh.run("p"), 5)
+    assert info.value.action_ids == (next(iter(snap.actions)),)
+    assert (await fresh.inspect("p")).status == "recovery_required"

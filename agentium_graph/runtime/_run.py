@@ -307,11 +307,16 @@ class TaskRun:
             inspect.iscoroutinefunction(binding.execute)
 
     def _check_recoverable(self) -> None:
-        """A crash may have left a failed node without a failed task; finish that first."""
+        """A crash may have left a failed or uncertain node without the matching task
+        status; finish that first instead of scheduling around it."""
         for node_id in self.graph.order:
             rec = self.nodes[node_id]
             if rec.state == "failed" and self.stop is None:
                 self._begin_stop(self._failure_stop(node_id, rec.error))
+        stuck = sorted(a.action_id for a in self.actions.values() if a.state == "uncertain")
+        if stuck and self.stop is None:
+            self.uncertain.extend(stuck)
+            self._begin_stop(self._recovery_stop())
 
     def _recovery_stop(self) -> _Stop:
         ids = sorted(self.uncertain)
