@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -121,9 +121,7 @@ class _BindingBase(BaseModel):
     def output_validator(self) -> Validator:
         return self._output_validator
 
-    @property
-    def kind(self) -> BindingKind:
-        raise NotImplementedError  # pragma: no cover - every subclass overrides
+    kind: ClassVar[BindingKind]  # each binding class sets its own kind
 
     def descriptor(self) -> BindingDescriptor:
         """What a task pins, computed once (from JSON copies), so the catalog's digest and
@@ -184,9 +182,7 @@ class ToolBinding(_BindingBase):
                                  "an execute= callback cannot be combined with connector=")
         return self
 
-    @property
-    def kind(self) -> BindingKind:
-        return "tool"
+    kind: ClassVar[BindingKind] = "tool"
 
     @property
     def typed_connector(self) -> DurableActionConnector:
@@ -248,9 +244,7 @@ class AgentBinding(_BindingBase):
 
     agent: Agent
 
-    @property
-    def kind(self) -> BindingKind:
-        return "agent"
+    kind: ClassVar[BindingKind] = "agent"
 
     def _descriptor_extra(self) -> dict[str, Any]:
         return {"tools": tuple(self.agent.tools),
@@ -265,9 +259,7 @@ class GraphBinding(_BindingBase):
 
     program: ExecutionGraphProgram
 
-    @property
-    def kind(self) -> BindingKind:
-        return "graph"
+    kind: ClassVar[BindingKind] = "graph"
 
     def _descriptor_extra(self) -> dict[str, Any]:
         return {"program": self.program.descriptor()}
@@ -280,9 +272,7 @@ class RepeatBinding(_BindingBase):
     max_iterations: int = Field(ge=1, le=10_000)
     condition: Callable[..., bool]
 
-    @property
-    def kind(self) -> BindingKind:
-        return "repeat"
+    kind: ClassVar[BindingKind] = "repeat"
 
     def _descriptor_extra(self) -> dict[str, Any]:
         return {"program": self.program.descriptor(), "max_iterations": self.max_iterations}
