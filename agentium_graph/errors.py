@@ -294,13 +294,3 @@ def config_error(kind: str, data: Mapping[str, Any], exc: ValidationError) -> Co
         for e in exc.errors())
     name = data.get("id") or data.get("name")
     return ConfigurationError(f"invalid {kind}{' ' + repr(name) if name else ''}: {problems}")
-
-
-
-# Map journaled codes back to classes so a stored failure re-raises with its own type.
-ERRORS_BY_CODE: dict[str, type[AgentiumGraphError]] = {
-    cls.code: cls
-    for cls in (NodeFailedError, NodeInputError, NodeOutputError, DeadlineExceededError,
-                TaskCanceledError, BudgetExhaustedError, NestedDispatchError,
-                DescriptorMismatchError)
-}

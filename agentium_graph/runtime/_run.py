@@ -137,7 +137,6 @@ class TaskRun:
         self.graph = FlatGraph(plan)
         self.container_args: dict[str, dict[str, Any]] = {}
         self.task_input = state.identity.input
-        limits = state.header.limits
         capacity = runtime.limits_for(state.header).max_concurrent_work
         self.admission = AdmissionController(key, capacity, self.clock, runtime.on_admission)
         self.running: dict[str, _Running] = {}
@@ -155,7 +154,6 @@ class TaskRun:
         self.agent_records = AgentRecords()
         self.frontier: set[str] = set()
         self.active_containers: set[str] = set()
-        self._limits = limits
         containers.restore(self)
         for cid in self.graph.order:
             spec = self.graph.specs[cid]
