@@ -7,9 +7,15 @@ from typing import Any, Literal
 
 from jsonschema.exceptions import ValidationError as SchemaValidationError
 
-from agentium_graph._canonical import NotJSONError, canonical_json, check_json, digest_text
+from agentium_graph._canonical import (
+    NotJSONError,
+    canonical_json,
+    check_json,
+    digest_text,
+    json_path,
+)
 from agentium_graph.catalog._bindings import Binding
-from agentium_graph.errors import ErrorInfo, NodeFailedError, NodeOutputError
+from agentium_graph.errors import ErrorInfo, NodeFailedError, NodeInputError, NodeOutputError
 from agentium_graph.store._records import ActionRecord
 
 OutcomeState = Literal["completed", "failed", "canceled", "uncertain", "budget"]
@@ -28,12 +34,19 @@ class Outcome:
 
 def schema_error(cls: type[NodeFailedError], node_id: str, what: str,
                  err: SchemaValidationError) -> NodeFailedError:
-    where = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}"
-                          for p in err.absolute_path)
+    where = json_path(err.absolute_path)
     schema_path = "/".join(str(p) for p in err.absolute_schema_path)
     return cls(f"node {node_id!r}: the value at {where} of its {what} violates the schema "
                f"(#/{schema_path}): {err.message}", node_id=node_id,
                details={"path": where, "schema_path": "#/" + schema_path})
+
+
+def node_error(info: ErrorInfo, message: str, node_id: str | None) -> NodeFailedError:
+    """The typed error a journaled node failure re-raises as (input, output or other)."""
+    cls: type[NodeFailedError] = {"node_input_invalid": NodeInputError,
+                                  "node_output_invalid": NodeOutputError}.get(
+        info.code, NodeFailedError)
+    return cls(message, node_id=node_id, details=info.details, cause=info)
 
 
 def check_output(node_id: str, binding: Binding, result: Any) -> Outcome:

@@ -34,9 +34,7 @@ from agentium_graph.errors import (
     DeadlineExceededError,
     DurableRecoveryRequiredError,
     ErrorInfo,
-    NodeFailedError,
     NodeInputError,
-    NodeOutputError,
     StaleFenceError,
     StoreUnavailableError,
     TaskCanceledError,
@@ -48,7 +46,7 @@ from agentium_graph.runtime._admission import AdmissionController, Ticket
 from agentium_graph.runtime._agent import MODEL_KIND, TOOL_KIND, AgentRecords, run_agent
 from agentium_graph.runtime._context import ToolContext, reset_context, set_context
 from agentium_graph.runtime._graph import FlatGraph, NodeSpec
-from agentium_graph.runtime._outcome import Outcome, check_output, schema_error
+from agentium_graph.runtime._outcome import Outcome, check_output, node_error, schema_error
 from agentium_graph.runtime._states import RESTARTABLE
 from agentium_graph.runtime._views import TaskResult
 from agentium_graph.store._protocol import DurableTaskStore
@@ -324,11 +322,8 @@ class TaskRun:
 
     def _failure_stop(self, node_id: str, info: ErrorInfo | None) -> _Stop:
         info = info or ErrorInfo(code="node_failed", message="node failed", node_id=node_id)
-        cls: type[NodeFailedError] = {"node_input_invalid": NodeInputError,
-                                      "node_output_invalid": NodeOutputError
-                                      }.get(info.code, NodeFailedError)
-        return _Stop("failed", cls(f"node {node_id!r} failed: {info.message}",
-                                   node_id=node_id, details=info.details, cause=info), info)
+        return _Stop("failed", node_error(info, f"node {node_id!r} failed: {info.message}",
+                                          node_id), info)
 
     # --- settle ---------------------------------------------------------------------
     def _settle_finished(self, steps: list[Step], blobs: dict[str, str]) -> None:

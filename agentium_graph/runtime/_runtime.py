@@ -19,8 +19,8 @@ from agentium_graph._canonical import (
     check_json,
     digest,
     digest_text,
-    incarnation_id,
     json_copy,
+    json_path,
     task_id,
 )
 from agentium_graph._program import ExecutionGraphProgram, PlanLimits
@@ -38,8 +38,6 @@ from agentium_graph.errors import (
     LeaseHeldError,
     NestedDispatchError,
     NodeFailedError,
-    NodeInputError,
-    NodeOutputError,
     PlanValidationError,
     StaleFenceError,
     StoreError,
@@ -49,7 +47,9 @@ from agentium_graph.errors import (
 )
 from agentium_graph.plan._validate import CompiledPlan, validate_plan
 from agentium_graph.runtime._config import Budgets, RootLimits, counter_limits
+from agentium_graph.runtime._containers import node_record
 from agentium_graph.runtime._context import current_context
+from agentium_graph.runtime._outcome import node_error
 from agentium_graph.runtime._resolve import resolve_action
 from agentium_graph.runtime._run import RunState, TaskRun
 from agentium_graph.runtime._views import (
@@ -64,7 +64,6 @@ from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import (
     COUNTERS,
     JournalEntry,
-    NodeRecord,
     TaskHeader,
     TaskIdentity,
     TaskSnapshot,
@@ -197,7 +196,7 @@ class ExecutionGraphRuntime:
             deadline=absolute if absolute is not None else (
                 now + timedelta(seconds=after) if after is not None else None),
             journal_seq=1)
-        nodes = tuple(_node_record(key, plan, node_id, None, "") for node_id in plan.order)
+        nodes = tuple(node_record(key, plan, "", node_id, None) for node_id in plan.order)
         created = await self.store.create_task(CreateTaskRequest(
             header=header, identity=identity, nodes=nodes,
             admission_id=admission_id(header.task_id, "create")))
@@ -218,9 +217,8 @@ class ExecutionGraphRuntime:
             errors = list(validator.iter_errors(value))
             if errors:
                 raise PlanValidationError([
-                    Diagnostic(path="$input" + "".join(
-                        f"[{p}]" if isinstance(p, int) else f".{p}" for p in e.absolute_path),
-                        code="input_invalid", message=e.message) for e in errors],
+                    Diagnostic(path=json_path(e.absolute_path, "$input"),
+                               code="input_invalid", message=e.message) for e in errors],
                     subject="input")
 
     # --- run ------------------------------------------------------------------------
@@ -502,18 +500,6 @@ async def build_view(store: DurableTaskStore, snapshot: TaskSnapshot,
         journal_length=header.journal_seq, verified=not problems, problems=tuple(problems))
 
 
-def _node_record(key: str, plan: CompiledPlan, node_id: str, parent: str | None,
-                 prefix: str) -> NodeRecord:
-    node = plan.nodes[node_id]
-    path = prefix + node_id
-    return NodeRecord(
-        node_id=path,
-        incarnation_id=incarnation_id(key, path, plan.revision, node.binding.id,
-                                      node.binding.version, digest(node.args)),
-        kind=node.binding.kind, binding=node.binding.id, version=node.binding.version,
-        revision=plan.revision, parent=parent, deps=tuple(prefix + d for d in node.deps))
-
-
 def _used_bindings(plan: CompiledPlan, catalog: HostCatalog) -> list[Binding]:
     """Every binding the plan can reach: its nodes, nested programs and agent tools."""
     seen: dict[tuple[str, str], Binding] = {}
@@ -553,12 +539,8 @@ def error_from_info(key: str, info: ErrorInfo | None) -> Exception:
         return NodeFailedError(f"task {key!r} failed")
     if info.code == "deadline_exceeded":
         return DeadlineExceededError(info.message, details=info.details)
-    cls: type[NodeFailedError] = {"node_input_invalid": NodeInputError,
-                                  "node_output_invalid": NodeOutputError}.get(
-        info.code, NodeFailedError)
-    node = info.node_id
-    return cls(f"task {key!r} failed at node {node!r}: {info.message}", node_id=node,
-               details=info.details, cause=info)
+    return node_error(info, f"task {key!r} failed at node {info.node_id!r}: {info.message}",
+                      info.node_id)
 
 
 def _check_key(key: str) -> None:
