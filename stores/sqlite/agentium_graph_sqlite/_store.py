@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
+import queue
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from tenacity import (
     AsyncRetrying,
@@ -67,6 +68,64 @@ class SQLiteStoreStats:
                                 self.bytes_written - other.bytes_written,
                                 self.reads - other.reads,
                                 self.busy_retries - other.busy_retries)
+
+
+_Job = tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return  # the awaiting coroutine was canceled; the operation itself still ran
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+class _Worker:
+    """The one thread that owns a store's connection; calls run one at a time, in order.
+
+    A bare thread and a ``SimpleQueue`` rather than a ``ThreadPoolExecutor``: each store
+    call is one hand-off each way, and the executor's extra locking and bookkeeping cost
+    about as much again on the per-commit path. The thread is a daemon so a store nobody
+    closed never keeps the interpreter alive (an interrupted transaction is rolled back by
+    SQLite on the next open).
+    """
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, call: Callable[[], T]) -> asyncio.Future[T]:
+        if self._stopping:
+            raise RuntimeError("worker stopped")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._jobs.put((call, loop, future))
+        return future
+
+    def stop(self) -> None:
+        """Let queued calls finish, then end the thread."""
+        self._stopping = True
+        self._jobs.put(None)
+
+    def _main(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            call, loop, future = job
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = call()
+            except BaseException as exc:  # delivered to the awaiting coroutine
+                error = exc
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting
+                loop.call_soon_threadsafe(_settle, future, result, error)
+            del job, call, future, result, error
 
 
 class SQLiteDurableTaskStore:
@@ -135,12 +194,12 @@ class SQLiteDurableTaskStore:
         self._retry_max_wait_s = retry_max_wait_s
         self._capabilities = StoreCapabilities(durable=True, multi_process=True,
                                                name="sqlite")
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: _Worker | None = None
         self._executor_lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None  # touched only on the worker thread
         self._closed = False
         self._pid = os.getpid()
-        self._inherited: list[tuple[ThreadPoolExecutor, sqlite3.Connection | None]] = []
+        self._inherited: list[tuple[_Worker, sqlite3.Connection | None]] = []
         self._stats = SQLiteStoreStats()
 
     # --- properties ---------------------------------------------------------------------
@@ -171,7 +230,7 @@ class SQLiteDurableTaskStore:
                           "SQLiteDurableTaskStore to use the file again",
                           details={"path": str(self.path)})
 
-    def _worker(self) -> ThreadPoolExecutor:
+    def _worker(self) -> _Worker:
         if self._closed:
             raise self._closed_error()
         with self._executor_lock:
@@ -181,16 +240,15 @@ class SQLiteDurableTaskStore:
                 self._inherited.append((self._executor, self._conn))
                 self._executor, self._conn = None, None
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=1,
-                                                    thread_name_prefix="agentium-sqlite")
+                self._executor = _Worker("agentium-sqlite")
                 self._pid = os.getpid()
             return self._executor
 
     async def _on_worker(self, call: Callable[[], T]) -> T:
         executor = self._worker()
         try:
-            future = asyncio.get_running_loop().run_in_executor(executor, call)
-        except RuntimeError:  # close() shut the executor down meanwhile
+            future = executor.submit(call)
+        except RuntimeError:  # close() stopped the worker meanwhile
             raise self._closed_error() from None
         return await future
 
@@ -305,14 +363,13 @@ class SQLiteDurableTaskStore:
         if executor is None:
             return
         try:
-            future = asyncio.get_running_loop().run_in_executor(executor,
-                                                                self._close_connection)
+            future = executor.submit(self._close_connection)
         except RuntimeError:
-            return  # the executor is already shut down
+            return  # the worker is already stopped
         try:
             await future
         finally:
-            executor.shutdown(wait=False)
+            executor.stop()
 
     def _close_connection(self) -> None:
         conn, self._conn = self._conn, None

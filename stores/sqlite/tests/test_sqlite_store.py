@@ -401,16 +401,16 @@ async def test_a_forked_child_never_reuses_the_parents_thread_or_connection(
     await store.close()
     for executor, conn in store._inherited:  # in a real child these would be left alone
         assert conn is not None
-        executor.submit(conn.close).result()
-        executor.shutdown()
+        await executor.submit(conn.close)
+        executor.stop()
 
 
 async def test_an_operation_racing_close_gets_a_typed_error(db_path: Path) -> None:
     store = SQLiteDurableTaskStore(db_path)
     await store.create_task(create_request("k"))
     assert store._executor is not None
-    store._executor.submit(store._close_connection).result()
-    store._executor.shutdown()  # what close() does while another call is between attempts
+    await store._executor.submit(store._close_connection)
+    store._executor.stop()  # what close() does while another call is between attempts
     with pytest.raises(StoreError, match="closed"):
         await store.get_header("k")
     await store.close()
@@ -426,8 +426,8 @@ async def test_closing_in_a_forked_child_leaves_the_parents_connection_alone(
         patch.setattr("agentium_graph_sqlite._store.os.getpid", lambda: -1)
         await asyncio.wait_for(store.close(), timeout=5)  # must not wait on a missing thread
     assert store._conn is not None  # untouched, as the parent still owns it
-    parent_thread.submit(store._close_connection).result()
-    parent_thread.shutdown()
+    await parent_thread.submit(store._close_connection)
+    parent_thread.stop()
 
 
 async def test_a_commit_reads_only_the_rows_its_steps_need(
