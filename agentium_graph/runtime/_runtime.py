@@ -72,6 +72,7 @@ from agentium_graph.store._requests import (
     AcquireLeaseRequest,
     CancelTaskRequest,
     CreateTaskRequest,
+    LeaseGrant,
     ReleaseLeaseRequest,
     TimelineRequest,
 )
@@ -140,6 +141,9 @@ class ExecutionGraphRuntime:
         self._root_limits: dict[str, RootLimits] = {}
         self._nested: dict[tuple[str, str, tuple[str, ...] | None], CompiledPlan] = {}
         self._compiled: dict[tuple[str, PlanLimits, tuple[str, ...] | None], CompiledPlan] = {}
+        # Pinned identities by task key, each with its digest: an identity never changes
+        # once created, and a run checks the digest against the header before using one.
+        self._identities: dict[str, tuple[str, TaskIdentity]] = {}
 
     # --- create ---------------------------------------------------------------------
     async def create(self, key: str, program: ExecutionGraphProgram, *, input: Any = None,
@@ -202,6 +206,7 @@ class ExecutionGraphRuntime:
             admission_id=admission_id(header.task_id, "create")))
         if not created.created:
             return await self.inspect(key)  # a re-delivery: show what is stored
+        self._remember_identity(identity_digest, identity)
         snapshot = TaskSnapshot(header=created.header, nodes={n.node_id: n for n in nodes},
                                 actions={})
         return await build_view(self.store, snapshot, identity)
@@ -235,12 +240,13 @@ class ExecutionGraphRuntime:
         if header.status == "completed":
             return await self._retained_result(key)
         _raise_terminal(header)
-        identity = await self._identity(key)
+        identity = await self._pinned_identity(header)
         self._check_descriptors(identity)
         plan = self._compile(identity)
-        grant = await self._acquire(key, worker_id, wait)
+        lease = await self._acquire(key, worker_id, wait)
+        grant = lease.fence
         try:
-            snapshot = await self.store.get_task(key)
+            snapshot = lease.snapshot or await self.store.get_task(key)
             assert snapshot is not None
             state = RunState(header=snapshot.header, nodes=dict(snapshot.nodes),
                              actions=dict(snapshot.actions), identity=identity,
@@ -260,13 +266,12 @@ class ExecutionGraphRuntime:
             await self._release_quietly(key, worker_id, grant)
             raise
 
-    async def _acquire(self, key: str, worker_id: str, wait: bool) -> int:
+    async def _acquire(self, key: str, worker_id: str, wait: bool) -> LeaseGrant:
         while True:
             try:
-                grant = await self.store.acquire_lease(AcquireLeaseRequest(
+                return await self.store.acquire_lease(AcquireLeaseRequest(
                     key=key, worker_id=worker_id, ttl_seconds=self.lease_ttl,
-                    now=self.clock()))
-                return grant.fence
+                    now=self.clock(), snapshot=True))
             except LeaseHeldError as exc:
                 if not wait:
                     raise
@@ -395,6 +400,21 @@ class ExecutionGraphRuntime:
         if identity is None:
             raise TaskNotFoundError(key)
         return identity
+
+    async def _pinned_identity(self, header: TaskHeader) -> TaskIdentity:
+        """The task's identity: remembered from create/run when its digest still matches
+        the header's, else read from the store (and remembered)."""
+        known = self._identities.get(header.key)
+        if known is not None and known[0] == header.identity_digest:
+            return known[1]
+        identity = await self._identity(header.key)
+        self._remember_identity(header.identity_digest, identity)
+        return identity
+
+    def _remember_identity(self, identity_digest: str, identity: TaskIdentity) -> None:
+        if len(self._identities) >= 1024 and identity.key not in self._identities:
+            self._identities.pop(next(iter(self._identities)))
+        self._identities[identity.key] = (identity_digest, identity)
 
     def _check_descriptors(self, identity: TaskIdentity) -> None:
         for name, pinned in sorted(identity.descriptors.items()):

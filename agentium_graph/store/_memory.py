@@ -108,8 +108,10 @@ class InMemoryDurableTaskStore:
     async def get_task(self, key: str) -> TaskSnapshot | None:
         await asyncio.sleep(0)
         row = self._rows.get(key)
-        if row is None:
-            return None
+        return None if row is None else self._snapshot(row)
+
+    @staticmethod
+    def _snapshot(row: _Row) -> TaskSnapshot:
         return TaskSnapshot(
             header=TaskHeader.model_validate_json(row.header),
             nodes={k: NodeRecord.model_validate_json(v) for k, v in row.nodes.items()},
@@ -140,7 +142,9 @@ class InMemoryDurableTaskStore:
         row.header = header.model_dump_json()
         row.journal.append(entry.model_dump_json())
         assert header.lease is not None
-        return LeaseGrant(fence=header.fence, expires_at=header.lease.expires_at, header=header)
+        snapshot = self._snapshot(row) if request.snapshot else None
+        return LeaseGrant(fence=header.fence, expires_at=header.lease.expires_at, header=header,
+                          snapshot=snapshot)
 
     async def renew_lease(self, request: RenewLeaseRequest) -> LeaseStatus:
         await asyncio.sleep(0)

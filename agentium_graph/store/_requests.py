@@ -20,6 +20,7 @@ from agentium_graph.store._records import (
     NodeRecord,
     TaskHeader,
     TaskIdentity,
+    TaskSnapshot,
     TaskStatus,
 )
 
@@ -151,16 +152,23 @@ class CreateTaskResult(_Req):
 
 
 class AcquireLeaseRequest(_Req):
+    """Take the task's fenced lease. ``snapshot=True`` also asks for the task's node and
+    action records as of the grant, read in the same atomic step (a run needs them next,
+    so a store saves the caller a separate ``get_task`` round trip)."""
+
     key: str
     worker_id: str
     ttl_seconds: float = Field(gt=0)
     now: datetime
+    snapshot: bool = False
 
 
 class LeaseGrant(_Req):
     fence: int
     expires_at: datetime
     header: TaskHeader
+    # The whole task as of the grant when the request asked for it (header == ``header``).
+    snapshot: TaskSnapshot | None = None
 
 
 class RenewLeaseRequest(_Req):

@@ -14,12 +14,21 @@ from agentium_graph.store._requests import (
     ClaimNode,
     CommitRequest,
     LeaseGrant,
+    RecordAction,
     ReleaseLeaseRequest,
     RenewLeaseRequest,
     SetStatus,
+    StartAttempt,
 )
 from agentium_graph.testing._base import KEY, W1, W2, SuiteBase, rejected
-from agentium_graph.testing._fixtures import T0, acquire, capture, commit, read_timeline
+from agentium_graph.testing._fixtures import (
+    T0,
+    acquire,
+    action_record,
+    capture,
+    commit,
+    read_timeline,
+)
 
 TICK = timedelta(microseconds=1)
 
@@ -43,6 +52,31 @@ class LeaseTests(SuiteBase):
         assert [g.fence for g in grants] == [1, 2, 3, 4]
         header = await store.get_header(KEY)
         assert header is not None and header.fence == 4
+
+    async def test_acquire_with_snapshot_returns_the_task_as_of_the_grant(
+            self, store: DurableTaskStore) -> None:
+        await self.create(store)
+        plain = await store.acquire_lease(AcquireLeaseRequest(
+            key=KEY, worker_id=W1, ttl_seconds=30, now=T0))
+        assert plain.snapshot is None  # only on request: other callers pay nothing for it
+        await commit(store, KEY, W1, plain.fence,
+                     StartAttempt(node_id="n0", attempt_id="att-1"),
+                     RecordAction(action=action_record("act-1", "n0", fence=plain.fence)))
+        grant = await store.acquire_lease(AcquireLeaseRequest(
+            key=KEY, worker_id=W1, ttl_seconds=30, now=T0 + TICK, snapshot=True))
+        assert grant.snapshot is not None
+        assert grant.snapshot.header == grant.header
+        assert grant.snapshot == await store.get_task(KEY)  # the same records, same fence
+        assert grant.snapshot.nodes["n0"].state == "running"
+        assert set(grant.snapshot.actions) == {"act-1"}
+        # The snapshot is the caller's copy: changing it changes nothing stored.
+        before = await capture(store, KEY)
+        grant.snapshot.nodes.clear()
+        grant.snapshot.header.counters.clear()
+        assert await capture(store, KEY) == before
+        # A refused acquire returns nothing at all (no partial snapshot).
+        await rejected(store, KEY, LeaseHeldError, store.acquire_lease(AcquireLeaseRequest(
+            key=KEY, worker_id=W2, ttl_seconds=30, now=T0 + TICK, snapshot=True)))
 
     async def test_same_worker_reacquires_at_once_with_a_newer_fence(
             self, store: DurableTaskStore) -> None:

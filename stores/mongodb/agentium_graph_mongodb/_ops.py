@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -299,8 +300,9 @@ class Session:
             # Renewals do not move header.seq: guard on the expiry this decision saw.
             guard = {"header.lease": None} if lease is None else {
                 "header.lease.expires_at": lease["expires_at"]}
+            finish = functools.partial(_grant, doc=doc if request.snapshot else None)
             return _Plan(sets=changed_header_fields(doc.header, header_doc(header)),
-                         finish=_grant, journal=[entry], guard=guard)
+                         finish=finish, journal=[entry], guard=guard)
         return await self._transition("acquire_lease", request.key, decide)
 
     async def release(self, request: ReleaseLeaseRequest) -> TaskHeader:
@@ -615,6 +617,18 @@ def _header(raw: dict[str, Any], key: str) -> TaskHeader:
         return header_from_doc(raw["header"], where)
 
 
-def _grant(post: TaskHeader) -> LeaseGrant:
+def _grant(post: TaskHeader, doc: TaskDoc | None = None) -> LeaseGrant:
+    """The grant; with ``doc`` (the document the CAS was decided on) also the snapshot.
+
+    The CAS matched that document's ``header.seq`` and only commits change nodes and
+    actions (each moves ``seq``), so its records are exactly those under the new fence."""
     assert post.lease is not None
-    return LeaseGrant(fence=post.fence, expires_at=post.lease.expires_at, header=post)
+    snapshot = None
+    if doc is not None:
+        with schema_errors(f"task document {post.key!r}"):
+            nodes = [NodeRecord.model_validate_json(t) for t in doc.nodes.values()]
+            actions = [ActionRecord.model_validate_json(t) for t in doc.actions.values()]
+        snapshot = TaskSnapshot(header=post, nodes={n.node_id: n for n in nodes},
+                                actions={a.action_id: a for a in actions})
+    return LeaseGrant(fence=post.fence, expires_at=post.lease.expires_at, header=post,
+                      snapshot=snapshot)

@@ -203,8 +203,10 @@ def acquire(conn: sqlite3.Connection, request: AcquireLeaseRequest) -> Outcome[L
         w.journal(request.key, [entry])
         w.header(header, current)
         assert header.lease is not None
+        # Read inside the write transaction: exactly the state the new fence starts from.
+        snapshot = _snapshot(conn, header) if request.snapshot else None
         return LeaseGrant(fence=header.fence, expires_at=header.lease.expires_at,
-                          header=header), True
+                          header=header, snapshot=snapshot), True
     return write_txn(conn, body)
 
 
@@ -282,12 +284,17 @@ def get_task(conn: sqlite3.Connection, key: str) -> TaskSnapshot | None:
         header = _header(c, key)
         if header is None:
             return None
-        nodes = {i: NodeRecord.model_validate_json(t) for i, t in c.execute(
-            "SELECT node_id, record FROM nodes WHERE key = ?", (key,))}
-        actions = {i: ActionRecord.model_validate_json(t) for i, t in c.execute(
-            "SELECT action_id, record FROM actions WHERE key = ?", (key,))}
-        return TaskSnapshot(header=header, nodes=nodes, actions=actions)
+        return _snapshot(c, header)
     return read_txn(conn, body)
+
+
+def _snapshot(conn: sqlite3.Connection, header: TaskHeader) -> TaskSnapshot:
+    """``header`` with every node and action record of its task (in the caller's txn)."""
+    nodes = {i: NodeRecord.model_validate_json(t) for i, t in conn.execute(
+        "SELECT node_id, record FROM nodes WHERE key = ?", (header.key,))}
+    actions = {i: ActionRecord.model_validate_json(t) for i, t in conn.execute(
+        "SELECT action_id, record FROM actions WHERE key = ?", (header.key,))}
+    return TaskSnapshot(header=header, nodes=nodes, actions=actions)
 
 
 def list_tasks(conn: sqlite3.Connection, request: ListTasksRequest) -> list[TaskHeader]:
