@@ -151,6 +151,16 @@ def digest(value: JSONValue, *, trusted: bool = False) -> str:
     return "sha256:" + hashlib.sha256(canonical_bytes(value, trusted=trusted)).hexdigest()
 
 
+def record_digest(value: JSONValue) -> str:
+    """:func:`digest` of a pydantic record's JSON-mode dump whose free-form parts were
+    checked when they entered (plans, inputs, schemas): the walk is skipped, and a value
+    that still is not JSON falls back to the checked path, which names where it is."""
+    try:
+        return digest(value, trusted=True)
+    except (TypeError, ValueError):
+        return digest(value)
+
+
 def digest_text(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 

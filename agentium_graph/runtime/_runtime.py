@@ -21,6 +21,7 @@ from agentium_graph._canonical import (
     digest_text,
     json_copy,
     json_path,
+    record_digest,
     task_id,
 )
 from agentium_graph._program import ExecutionGraphProgram, PlanLimits
@@ -162,8 +163,9 @@ class ExecutionGraphRuntime:
         limits = limits or self.limits
         budgets = budgets or Budgets()
         grant_list = None if grants is None else tuple(sorted(set(grants)))
+        descriptor = program.descriptor()
         plan = self._plan(program.plan, program.limits, grant_list,
-                          str(program.descriptor()["plan_digest"]))
+                          str(descriptor["plan_digest"]))
         self._check_input(program, input)
         used = _used_bindings(plan, self.catalog)
         if grant_list is not None:
@@ -181,16 +183,17 @@ class ExecutionGraphRuntime:
         now = self.clock()
         absolute, after = _deadline(deadline, now)
         identity = TaskIdentity(
-            key=key, catalog_digest=self.catalog.digest, program=program.descriptor(),
+            key=key, catalog_digest=self.catalog.digest, program=descriptor,
             plan=json_copy(program.plan),
             descriptors={f"{b.id}@{b.version}": b.descriptor().model_dump(mode="json")
                          for b in used},
-            input=json_copy(input), input_digest=digest(input),
+            # _check_input walked the input above; it is not walked again.
+            input=json_copy(input, trusted=True), input_digest=digest(input, trusted=True),
             policy_revision=policy_revision or self.policy_revision, grants=grant_list,
             budgets=budgets.model_dump(), root_limits=limits.model_dump(),
             plan_limits=program.limits.model_dump(), deadline=absolute,
             deadline_after_seconds=after)
-        identity_digest = digest(identity.model_dump(mode="json"))
+        identity_digest = record_digest(identity.model_dump(mode="json"))
         counters = dict.fromkeys(COUNTERS, 0)
         counters["expanded_nodes"] = n
         counters["plan_revisions"] = 1
@@ -209,7 +212,7 @@ class ExecutionGraphRuntime:
         self._remember_identity(identity_digest, identity)
         snapshot = TaskSnapshot(header=created.header, nodes={n.node_id: n for n in nodes},
                                 actions={})
-        return await build_view(self.store, snapshot, identity)
+        return await build_view(self.store, snapshot, identity, identity_digest=identity_digest)
 
     def _check_input(self, program: ExecutionGraphProgram, value: Any) -> None:
         try:
@@ -477,13 +480,19 @@ class ExecutionGraphRuntime:
 
 
 async def build_view(store: DurableTaskStore, snapshot: TaskSnapshot,
-                     identity: TaskIdentity | None) -> TaskView:
-    """Assemble a TaskView, verifying every digest it can; problems are listed, not raised."""
+                     identity: TaskIdentity | None, *,
+                     identity_digest: str | None = None) -> TaskView:
+    """Assemble a TaskView, verifying every digest it can; problems are listed, not raised.
+
+    ``identity_digest``: the identity's digest when the caller just computed it itself
+    (create), so it is not hashed twice.
+    """
     header = snapshot.header
     problems: list[str] = []
     if identity is None:
         problems.append("identity record is missing")
-    elif digest(identity.model_dump(mode="json")) != header.identity_digest:
+    elif (identity_digest or record_digest(identity.model_dump(mode="json"))) != \
+            header.identity_digest:
         problems.append("identity record does not match the task's identity digest")
     wanted = sorted({n.output_digest for n in snapshot.nodes.values() if n.output_digest})
     blobs = await store.get_blobs(wanted) if wanted else {}
