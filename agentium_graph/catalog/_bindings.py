@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from jsonschema.exceptions import ValidationError as SchemaViolation
 from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
 from pydantic import (
@@ -20,6 +21,7 @@ from pydantic import (
 )
 
 from agentium_graph._canonical import NotJSONError, check_json, json_copy
+from agentium_graph._fastschema import Predicate, compile_fast
 from agentium_graph._program import ExecutionGraphProgram
 from agentium_graph.errors import ConfigurationError, config_error
 
@@ -55,8 +57,10 @@ class BindingDescriptor(BaseModel):
     extra: dict[str, Any] = {}
 
 
-def _compile(schema: Mapping[str, Any], where: str) -> Validator:
-    """Check ``schema`` once and build its validator (the ``$schema`` draft, default 2020-12)."""
+def _compile(schema: Mapping[str, Any], where: str) -> tuple[Validator, Predicate | None]:
+    """Check ``schema`` once and build its validator (the ``$schema`` draft, default 2020-12)
+    plus, when the schema allows it, the compiled fast-path predicate of :mod:`_fastschema`
+    that spares the hot path jsonschema's cost for values it proves valid."""
     try:
         check_json(schema)
     except NotJSONError as exc:
@@ -72,7 +76,14 @@ def _compile(schema: Mapping[str, Any], where: str) -> Validator:
             f"{exc.json_path.replace('$', 'schema', 1)}; fix the schema") from None
     # The validator owns a private copy, so nothing outside can change what it checks.
     validator: Validator = cls(own)
-    return validator
+    # Built from the validator's own copy and format checker, so both decide alike (an
+    # unknown checker counts as asserting, which leaves "format" to jsonschema).
+    checker = getattr(validator, "format_checker", validator)
+    return validator, compile_fast(own, cls, format_checker=checker)
+
+
+def _path_key(error: SchemaViolation) -> list[str | int]:
+    return list(error.absolute_path)
 
 
 class _BindingBase(BaseModel):
@@ -89,6 +100,8 @@ class _BindingBase(BaseModel):
 
     _input_validator: Validator = PrivateAttr()
     _output_validator: Validator = PrivateAttr()
+    _input_fast: Predicate | None = PrivateAttr(default=None)
+    _output_fast: Predicate | None = PrivateAttr(default=None)
     _descriptor: BindingDescriptor | None = PrivateAttr(default=None)
 
     def __init__(self, /, **data: Any) -> None:
@@ -109,9 +122,10 @@ class _BindingBase(BaseModel):
         return data
 
     def model_post_init(self, context: Any, /) -> None:
-        self._input_validator = _compile(self.input_schema, f"binding {self.id!r} input_schema")
-        self._output_validator = _compile(self.output_schema,
-                                          f"binding {self.id!r} output_schema")
+        self._input_validator, self._input_fast = _compile(
+            self.input_schema, f"binding {self.id!r} input_schema")
+        self._output_validator, self._output_fast = _compile(
+            self.output_schema, f"binding {self.id!r} output_schema")
 
     @property
     def input_validator(self) -> Validator:
@@ -120,6 +134,29 @@ class _BindingBase(BaseModel):
     @property
     def output_validator(self) -> Validator:
         return self._output_validator
+
+    # These two run per node. They read pydantic's private-value dict directly (as
+    # BaseModel.__getattr__ itself does; it is never None once private attributes are set):
+    # a plain ``self._input_fast`` goes through __getattr__ and costs more than the check.
+
+    def input_errors(self, value: Any) -> list[SchemaViolation]:
+        """The input schema's errors for ``value``, ordered by instance path; ``[]`` at
+        once when the compiled fast path proves it valid (jsonschema decides otherwise)."""
+        private: dict[str, Any] = self.__pydantic_private__  # type: ignore[assignment]
+        fast: Predicate | None = private["_input_fast"]
+        if fast is not None and fast(value):
+            return []
+        validator: Validator = private["_input_validator"]
+        return sorted(validator.iter_errors(value), key=_path_key)
+
+    def output_errors(self, value: Any) -> list[SchemaViolation]:
+        """As :meth:`input_errors`, for the output schema."""
+        private: dict[str, Any] = self.__pydantic_private__  # type: ignore[assignment]
+        fast: Predicate | None = private["_output_fast"]
+        if fast is not None and fast(value):
+            return []
+        validator: Validator = private["_output_validator"]
+        return sorted(validator.iter_errors(value), key=_path_key)
 
     kind: ClassVar[BindingKind]  # each binding class sets its own kind
 
