@@ -499,8 +499,7 @@ def _check_ref_path(r: Ref, i: int, nid: str, producer: Binding | None, catalog:
 def _check_args(args: dict[str, Any], where: str, nid: str, binding: Binding,
                 ref_paths: list[tuple[str | int, ...]], diags: _Collector) -> None:
     """Args are checked now as far as they are static; the rest after resolution."""
-    for err in sorted(binding.input_validator.iter_errors(args),
-                      key=lambda e: list(e.absolute_path)):
+    for err in binding.input_errors(args):
         if _static_verdict(err, ref_paths):
             diags.add(json_path(err.absolute_path, where), "args_invalid",
                       f"args violate {binding.id!r} input schema: {err.message}", nid)

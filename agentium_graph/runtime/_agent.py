@@ -191,8 +191,7 @@ async def _tool_call(run: TaskRun, spec: NodeSpec, tools: dict[str, ToolBinding]
     if run.grants is not None and tool.id not in run.grants:
         raise AgentFailure(f"agent node {spec.id!r}: tool {tool.id!r} is not granted to this "
                            "task", node_id=spec.id, details={"tool": tool.id})
-    errors = sorted(tool.input_validator.iter_errors(call.arguments),
-                    key=lambda e: list(e.absolute_path))
+    errors = tool.input_errors(call.arguments)
     if errors:
         raise schema_error(AgentFailure, spec.id, f"tool call {call.id} ({tool.id}) arguments",
                            errors[0])

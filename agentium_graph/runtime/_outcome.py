@@ -59,8 +59,7 @@ def check_output(node_id: str, binding: Binding, result: Any) -> Outcome:
             "dicts, lists, strings, numbers, booleans or None", node_id=node_id,
             details={"path": exc.path})
         return Outcome("failed", error=error.to_info())
-    errors = sorted(binding.output_validator.iter_errors(result),
-                    key=lambda e: list(e.absolute_path))
+    errors = binding.output_errors(result)
     if errors:
         return Outcome("failed", error=schema_error(NodeOutputError, node_id, "output",
                                                     errors[0]).to_info())

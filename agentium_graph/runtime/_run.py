@@ -464,8 +464,7 @@ class TaskRun:
         except LookupError as exc:
             raise NodeInputError(f"node {node.id!r}: {exc}", node_id=node.id) from None
         if node.refs:
-            errors = sorted(node.binding.input_validator.iter_errors(args),
-                            key=lambda e: list(e.absolute_path))
+            errors = node.binding.input_errors(args)
             if errors:
                 raise schema_error(NodeInputError, node.id, "resolved args", errors[0])
         return args
