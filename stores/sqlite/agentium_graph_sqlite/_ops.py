@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from pydantic import TypeAdapter
+
 from agentium_graph.errors import TaskNotFoundError
 from agentium_graph.store._records import (
     ActionRecord,
@@ -53,6 +55,7 @@ from agentium_graph.store._transitions import (
 
 T = TypeVar("T")
 R = TypeVar("R")
+_ENTRIES = TypeAdapter(list[JournalEntry])  # a journal row: one commit's entries
 _CHUNK = 500  # bound on "?" placeholders per IN (...) list
 
 
@@ -90,9 +93,11 @@ class Writer:
         self.many("INSERT OR IGNORE INTO blobs (digest, body) VALUES (?, ?)",
                   list(blobs.items()))
 
-    def journal(self, key: str, entries: Iterable[JournalEntry]) -> None:
-        self.many("INSERT INTO journal (key, seq, entry) VALUES (?, ?, ?)",
-                  [(key, e.seq, e.model_dump_json()) for e in entries])
+    def journal(self, key: str, entries: Sequence[JournalEntry]) -> None:
+        """One row for all of a commit's entries, keyed by the last entry's seq."""
+        if entries:
+            self.many("INSERT INTO journal (key, seq, entries) VALUES (?, ?, ?)",
+                      [(key, entries[-1].seq, _ENTRIES.dump_json(list(entries)).decode())])
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,10 +329,15 @@ def get_blobs(conn: sqlite3.Connection, digests: Sequence[str]) -> dict[str, str
 
 def read_timeline(conn: sqlite3.Connection, request: TimelineRequest) -> list[JournalEntry]:
     def body(c: sqlite3.Connection) -> list[JournalEntry]:
-        rows = c.execute("SELECT entry FROM journal WHERE key = ? AND seq > ? ORDER BY seq "
+        # A row holds one commit's entries and is keyed by its last seq, so ``limit`` rows
+        # past ``after_seq`` hold at least ``limit`` entries past it.
+        rows = c.execute("SELECT entries FROM journal WHERE key = ? AND seq > ? ORDER BY seq "
                          "LIMIT ?", (request.key, request.after_seq, request.limit)).fetchall()
         if not rows and c.execute("SELECT 1 FROM tasks WHERE key = ?",
                                   (request.key,)).fetchone() is None:
             raise TaskNotFoundError(request.key)
-        return [JournalEntry.model_validate_json(r[0]) for r in rows]
+        out: list[JournalEntry] = []
+        for (text,) in rows:
+            out.extend(e for e in _ENTRIES.validate_json(text) if e.seq > request.after_seq)
+        return out[:request.limit]
     return read_txn(conn, body)

@@ -10,6 +10,7 @@ Order matters so that a foreign, corrupt, newer or read-only file is never modif
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import stat
@@ -19,13 +20,23 @@ from pathlib import Path
 from agentium_graph.errors import StoreError, StoreSchemaError
 from agentium_graph_sqlite._errors import mapped_errors
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: one journal row per commit, in a rowid table (1 is migrated on open)
 APPLICATION = "agentium-graph-sqlite"
 APPLICATION_ID = 0x41475351  # "AGSQ", stored in the SQLite file header
 _MAGIC = b"SQLite format 3\x00"
+log = logging.getLogger("agentium_graph.sqlite")
 
 # tasks: the small, hot header row; identities: the large pinned identity, written once,
-# kept apart so a header update never rewrites it.
+# kept apart so a header update never rewrites it. journal: one row per commit holding
+# that commit's entries as a JSON array, ``seq`` being the last entry's; a rowid table so
+# every insert appends at the right edge of the b-tree (a WITHOUT ROWID table keyed by
+# task would insert into the middle of full pages and rewrite their siblings: about four
+# page writes per commit instead of one), found through a small (key, seq) index.
+_JOURNAL_DDL = (
+    "CREATE TABLE IF NOT EXISTS journal (id INTEGER PRIMARY KEY, key TEXT NOT NULL, "
+    "seq INTEGER NOT NULL, entries TEXT NOT NULL)",
+    "CREATE UNIQUE INDEX IF NOT EXISTS journal_by_key ON journal (key, seq)",
+)
 _DDL = (
     "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS tasks (key TEXT PRIMARY KEY, status TEXT NOT NULL, "
@@ -38,8 +49,7 @@ _DDL = (
     "record TEXT NOT NULL, PRIMARY KEY (key, action_id)) WITHOUT ROWID",
     "CREATE TABLE IF NOT EXISTS admissions (key TEXT NOT NULL, admission_id TEXT NOT NULL, "
     "charges TEXT NOT NULL, PRIMARY KEY (key, admission_id)) WITHOUT ROWID",
-    "CREATE TABLE IF NOT EXISTS journal (key TEXT NOT NULL, seq INTEGER NOT NULL, "
-    "entry TEXT NOT NULL, PRIMARY KEY (key, seq)) WITHOUT ROWID",
+    *_JOURNAL_DDL,
     "CREATE TABLE IF NOT EXISTS blobs (digest TEXT PRIMARY KEY, body TEXT NOT NULL) "
     "WITHOUT ROWID",
 )
@@ -137,12 +147,13 @@ def _inspect(conn: sqlite3.Connection) -> _Found:
     return _Found(tables, application_id, user_version, meta)
 
 
-def _verify(found: _Found, path: Path) -> bool:
-    """True when the file already holds our schema; False when it is empty; else raise."""
+def _verify(found: _Found, path: Path) -> int:
+    """The file's schema version (0 when it is empty); raise unless it is ours and one this
+    code can open (an older version is migrated by :func:`_prepare`)."""
     details = {"path": str(path)}
     if not found.tables and found.application_id in (0, APPLICATION_ID) and \
             found.user_version == 0:
-        return False
+        return 0
     meta = found.meta or {}
     if found.application_id != APPLICATION_ID or meta.get("application") != APPLICATION:
         raise StoreSchemaError(
@@ -166,30 +177,48 @@ def _verify(found: _Found, path: Path) -> bool:
             f"damaged (schema version {meta.get('schema_version')!r}, missing tables: "
             f"{', '.join(sorted(OUR_TABLES - found.tables)) or 'none'}); restore it from a "
             "backup or use a new file", details=details)
-    return True
+    return version
 
 
 def _prepare(conn: sqlite3.Connection, settings: Settings) -> None:
     # Validate again on the read-write connection: the file may have been created or
     # replaced since the probe (another process racing us to create it).
-    if _verify(_inspect(conn), settings.path):
+    if _verify(_inspect(conn), settings.path) == SCHEMA_VERSION:
         _configure(conn, settings)
         return
     _configure(conn, settings)
     conn.execute("BEGIN IMMEDIATE")
     try:
-        if not _verify(_inspect(conn), settings.path):
+        version = _verify(_inspect(conn), settings.path)  # under the write lock now
+        if version == 0:
             for statement in _DDL:
                 conn.execute(statement)
             conn.executemany("INSERT OR IGNORE INTO meta (name, value) VALUES (?, ?)",
                              [("application", APPLICATION),
                               ("schema_version", str(SCHEMA_VERSION))])
             conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        elif version == 1:
+            _migrate_1_to_2(conn)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
+    """Version 1 kept one journal row per entry in a WITHOUT ROWID table; rewrite each as a
+    one-entry row of the new table. Runs inside the caller's transaction: all or nothing,
+    and a process still running version 1 code refuses the file from then on."""
+    log.info("migrating SQLite store schema 1 -> 2 (journal rows)")
+    conn.execute("ALTER TABLE journal RENAME TO journal_v1")
+    for statement in _JOURNAL_DDL:
+        conn.execute(statement)
+    conn.execute("INSERT INTO journal (key, seq, entries) SELECT key, seq, '[' || entry || ']' "
+                 "FROM journal_v1 ORDER BY key, seq")
+    conn.execute("DROP TABLE journal_v1")
+    conn.execute("UPDATE meta SET value = ? WHERE name = 'schema_version'",
+                 (str(SCHEMA_VERSION),))
 
 
 def _configure(conn: sqlite3.Connection, settings: Settings) -> None:
