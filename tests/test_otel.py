@@ -36,7 +36,9 @@ class _Tracer:
 @pytest.fixture
 def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[str, Any]]]]:
     sink: list[tuple[str, dict[str, Any]]] = []
-    monkeypatch.setattr(trace, "get_tracer_provider", lambda: object())
+    provider = object()  # any configured (non-proxy) provider
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
     monkeypatch.setattr("agentium_graph._otel._tracer", _Tracer(sink))
     yield sink
 
@@ -44,6 +46,19 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, dict[s
 def test_span_is_a_no_op_without_a_provider() -> None:
     with span("x", {"a": 1}) as value:
         assert value is None
+
+
+def test_a_provider_named_in_the_environment_is_asked_for(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # OTEL_PYTHON_TRACER_PROVIDER makes get_tracer_provider() load a provider on first use,
+    # so the shortcut on the unset global must not skip that call.
+    sink: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr("agentium_graph._otel._FROM_ENVIRONMENT", True)
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: object())
+    monkeypatch.setattr("agentium_graph._otel._tracer", _Tracer(sink))
+    with span("x", {"a": 1}):
+        pass
+    assert sink == [("x", {"a": 1})]
 
 
 async def test_run_and_node_attempt_spans_carry_stable_attributes(

@@ -8,6 +8,38 @@ from dataclasses import dataclass, field
 
 from agentium_graph.errors import AgentiumGraphError
 
+_EVENT_LOCK = threading.Lock()
+
+
+class CancelFlag:
+    """A set-once flag a sync tool can block on. The ``threading.Event`` (a lock and a
+    condition) is only built when a tool actually waits, not once per node."""
+
+    __slots__ = ("_event", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._event: threading.Event | None = None
+
+    def set(self) -> None:
+        self._set = True
+        with _EVENT_LOCK:
+            event = self._event
+        if event is not None:
+            event.set()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with _EVENT_LOCK:
+            if self._event is None:
+                self._event = threading.Event()
+                if self._set:  # set before anyone waited
+                    self._event.set()
+            event = self._event
+        return event.wait(timeout)
+
 
 @dataclass(frozen=True)
 class ToolContext:
@@ -21,7 +53,7 @@ class ToolContext:
     worker_id: str
     binding: str
     version: str
-    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    _cancel: CancelFlag = field(default_factory=lambda: CancelFlag(), repr=False)
 
     @property
     def cancelled(self) -> bool:
