@@ -165,11 +165,30 @@ def digest_text(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+# Strings whose canonical JSON is just the string in quotes (no escapes needed).
+_BARE = re.compile(r'[^"\\\x00-\x1f\x7f-\U0010ffff]*')
+
+
+def _bare_part(p: JSONValue) -> str | None:
+    """The canonical JSON of an id part written by hand, or None to use the encoder."""
+    kind = type(p)
+    if kind is str:
+        return f'"{p}"' if _BARE.fullmatch(p) else None
+    if kind is int:
+        return str(p)
+    return "null" if p is None else None
+
+
 def derive_id(kind: str, *parts: JSONValue) -> str:
     """A deterministic identity: ``<kind>_<first 24 hex of sha256(canonical [kind, *parts])>``."""
-    # Ids are derived on the hot path from strings and ints; only other parts need a check.
-    simple = all(p is None or type(p) is str or type(p) is int for p in parts)
-    h = hashlib.sha256(canonical_bytes([kind, *parts], trusted=simple)).hexdigest()
+    # Ids are derived on the hot path from ASCII strings and ints, whose canonical JSON is
+    # written directly (identical bytes: a test compares it with the encoder); anything
+    # else goes through the checked encoder.
+    pieces = [_bare_part(kind), *map(_bare_part, parts)]
+    bare = [p for p in pieces if p is not None]
+    text = "[" + ",".join(bare) + "]" if len(bare) == len(pieces) else \
+        canonical_json([kind, *parts])
+    h = hashlib.sha256(text.encode("utf-8")).hexdigest()
     return f"{kind}_{h[:24]}"
 
 
@@ -197,6 +216,10 @@ def admission_id(subject: str, purpose: str) -> str:
 
 def json_copy(value: JSONValue, *, trusted: bool = False) -> JSONValue:
     """A deep copy of JSON data that shares nothing with the original."""
+    kind = type(value)
+    if kind is int or kind is bool or value is None or (
+            kind is str and (trusted or value.isascii())):
+        return value  # immutable, and nothing to check: nothing to share
     if trusted:
         return json.loads(_fast_encoder.encode(value))
     return json.loads(canonical_json(value))

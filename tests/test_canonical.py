@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import subprocess
 import sys
 from decimal import Decimal
@@ -211,6 +212,26 @@ def test_derive_id_is_deterministic_and_distinguishes_parts() -> None:
     # Parts are framed as a JSON array, so shifting text between parts changes the id.
     assert derive_id("x", "ab", "c") != derive_id("x", "a", "bc")
     assert derive_id("x", 1) != derive_id("x", "1")
+
+
+def test_derive_id_shortcut_hashes_exactly_the_canonical_array() -> None:
+    # Plain ASCII strings, ints and None are written by hand on the hot path; every
+    # other part goes through the encoder. Both must hash the same canonical bytes.
+    def reference(kind: str, *parts: object) -> str:
+        text = canonical_json([kind, *parts])
+        return f"{kind}_{hashlib.sha256(text.encode()).hexdigest()[:24]}"
+
+    rng = random.Random(7)
+    alphabet = [chr(i) for i in range(0, 260)] + ["\u2028", "\U0001f600", "\ud7ff", "\ue000"]
+    cases: list[tuple[object, ...]] = [
+        ("att", "inc_abc", 1), ("adm", "att_x", "work"), ("x", None, -5, 10**30, 0),
+        ("k", 'a"b', "c\\d", "tab\t", "é", "\x7f", ""), ("k", True, False, 1.5, [1], {"a": 1})]
+    for _ in range(5000):
+        cases.append(("k", *("".join(rng.choice(alphabet) for _ in range(rng.randint(0, 5)))
+                              for _ in range(rng.randint(1, 3)))))
+    for case in cases:
+        kind, *parts = case
+        assert derive_id(str(kind), *parts) == reference(str(kind), *parts), case
 
 
 def test_named_ids_are_stable_and_distinct() -> None:
