@@ -12,22 +12,57 @@ from agentium_graph import (
     InMemoryDurableTaskStore,
     ToolBinding,
 )
-from agentium_graph.store import CommitRequest, CommitResult
+from agentium_graph.store import (
+    AcquireLeaseRequest,
+    CommitRequest,
+    CommitResult,
+    LeaseGrant,
+    TaskHeader,
+    TaskIdentity,
+    TaskSnapshot,
+)
 
 INT_OUT = {"type": "object", "properties": {"value": {"type": "integer"}},
            "required": ["value"], "additionalProperties": False}
 
 
 class CountingStore(InMemoryDurableTaskStore):
-    """The memory store, counting commits (durable writes of node transitions)."""
+    """The memory store, counting commits (durable writes of node transitions).
+
+    A lease acquisition that carries a first commit's steps counts as that commit too
+    (and in ``acquires``); ``reads`` names every read call in order.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.commits: list[CommitRequest] = []
+        self.acquires: list[AcquireLeaseRequest] = []
+        self.reads: list[str] = []
 
     async def commit(self, request: CommitRequest) -> CommitResult:
         self.commits.append(request)
         return await super().commit(request)
+
+    async def acquire_lease(self, request: AcquireLeaseRequest) -> LeaseGrant:
+        self.acquires.append(request)
+        grant = await super().acquire_lease(request)
+        if request.steps:
+            self.commits.append(CommitRequest(
+                key=request.key, worker_id=request.worker_id, fence=grant.fence,
+                now=request.now, steps=request.steps, blobs=request.blobs))
+        return grant
+
+    async def get_header(self, key: str) -> TaskHeader | None:
+        self.reads.append("get_header")
+        return await super().get_header(key)
+
+    async def get_task(self, key: str) -> TaskSnapshot | None:
+        self.reads.append("get_task")
+        return await super().get_task(key)
+
+    async def get_identity(self, key: str) -> TaskIdentity | None:
+        self.reads.append("get_identity")
+        return await super().get_identity(key)
 
 
 class Calls:

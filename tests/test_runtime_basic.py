@@ -81,6 +81,59 @@ async def test_chain_costs_one_commit_per_node(calls: Calls, store: CountingStor
     assert len(store.commits) == 21
 
 
+async def test_a_task_created_here_starts_with_no_reads_and_one_write(
+        calls: Calls, store: CountingStore) -> None:
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store)
+    await rt.create("chain", program(chain_plan(3)))
+    store.reads.clear()
+    result = await rt.run("chain", "w1")
+    assert result.output["n2"] == {"value": 3}
+    # The lease rides on the first commit (start n0): 4 durable writes in all (start n0,
+    # two settle + start, settle + completed), not 5 with a lease write of its own.
+    assert len(store.acquires) == 1 and store.acquires[0].steps
+    assert len(store.commits) == 4
+    assert store.reads == []
+    timeline = await rt.timeline("chain")
+    kinds = [e.kind for e in timeline.events]
+    assert kinds[:3] == ["task_created", "lease_acquired", "admission_charged"]
+    # A second runtime (another process, say) knows nothing: it reads, then acquires.
+    other = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store)
+    await rt.create("again", program(chain_plan(2)))
+    store.acquires.clear()
+    await other.run("again", "w2")
+    assert [bool(a.steps) for a in store.acquires] == [False]
+    assert "get_header" in store.reads
+
+
+async def test_a_fresh_start_refused_by_the_store_falls_back_to_the_ordinary_start(
+        calls: Calls, store: CountingStore) -> None:
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store)
+    await rt.create("chain", program(chain_plan(2)))
+    # Another worker ran the task's first node meanwhile: the remembered state is stale.
+    other = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store)
+    await other.run("chain", "w2")
+    assert calls.by_node == {"n0": 1, "n1": 1}
+    result = await rt.run("chain", "w1")  # completed: the retained result, nothing re-run
+    assert result.output["n1"] == {"value": 2}
+    assert calls.by_node == {"n0": 1, "n1": 1}
+
+
+async def test_a_fresh_start_loses_the_race_to_a_live_lease(
+        calls: Calls, store: CountingStore) -> None:
+    from agentium_graph import LeaseHeldError
+    from agentium_graph.store import AcquireLeaseRequest as Acquire
+
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store)
+    await rt.create("chain", program(chain_plan(2)))
+    await store.acquire_lease(Acquire(key="chain", worker_id="other", ttl_seconds=60,
+                                      now=rt.clock()))
+    journal = len((await rt.timeline("chain")).events)
+    with pytest.raises(LeaseHeldError):
+        await rt.run("chain", "w1")
+    assert len((await rt.timeline("chain")).events) == journal  # nothing written
+    assert calls.by_node == {}
+
+
 async def test_fan_out_wave_starts_in_one_commit(calls: Calls, store: CountingStore) -> None:
     from agentium_graph import PlanLimits, RootLimits
     from agentium_graph.store import StartAttempt

@@ -34,6 +34,8 @@ from agentium_graph.errors import (
     DeadlineExceededError,
     DurableRecoveryRequiredError,
     ErrorInfo,
+    InvalidTransitionError,
+    LeaseHeldError,
     NodeInputError,
     StaleFenceError,
     StoreUnavailableError,
@@ -52,6 +54,8 @@ from agentium_graph.runtime._views import TaskResult
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import ActionRecord, NodeRecord, TaskHeader, TaskIdentity
 from agentium_graph.store._requests import (
+    AcquireLeaseRequest,
+    AppendJournal,
     Charge,
     CommitRequest,
     RecordAction,
@@ -114,10 +118,20 @@ class _Submission:
     future: asyncio.Future[None]
 
 
+class FastStartRefused(Exception):
+    """The store refused a run's combined lease + first commit; nothing was written, so the
+    caller starts the task the ordinary way (read, acquire, commit)."""
+
+
 class TaskRun:
     def __init__(self, runtime: ExecutionGraphRuntime, key: str, worker_id: str, fence: int,
-                 state: RunState, plan: CompiledPlan) -> None:
+                 state: RunState, plan: CompiledPlan,
+                 acquire: AcquireLeaseRequest | None = None) -> None:
         self.rt = runtime
+        # Set when ``state`` is what this runtime itself just created: the lease is then
+        # taken by the first commit (one durable write instead of two), and ``fence`` is
+        # only the expected one until that commit returns the real one.
+        self.pending_acquire = acquire
         self.store: DurableTaskStore = runtime.store
         self.clock: Callable[[], datetime] = runtime.clock
         self.key = key
@@ -214,7 +228,7 @@ class TaskRun:
                 launch = self._start_granted(steps, pending)
             final = self._final_steps(launch)
             steps.extend(final)
-            if steps:
+            if steps or self.pending_acquire is not None:
                 try:
                     await self._commit(steps, blobs)
                 except BaseException as exc:
@@ -594,6 +608,9 @@ class TaskRun:
 
     # --- commit, finish, wait -------------------------------------------------------
     async def _commit(self, steps: list[Step], blobs: dict[str, str]) -> None:
+        if self.pending_acquire is not None:
+            await self._acquire_with(steps, blobs)
+            return
         request = CommitRequest(key=self.key, worker_id=self.worker_id, fence=self.fence,
                                 now=self.clock(), steps=tuple(steps), blobs=blobs)
         try:
@@ -604,6 +621,34 @@ class TaskRun:
         self.header = result.header
         self.nodes.update(result.nodes)
         self.actions.update(result.actions)
+
+    async def _acquire_with(self, steps: list[Step], blobs: dict[str, str]) -> None:
+        """Take the lease with this first turn's steps in one atomic write."""
+        pending = self.pending_acquire
+        assert pending is not None
+        # Ledger entries carry the fence they were written under, which is only known once
+        # the lease is granted: such a first turn takes the lease on its own first.
+        carries_fence = any(isinstance(s, RecordAction | AppendJournal) for s in steps)
+        request = AcquireLeaseRequest(
+            key=pending.key, worker_id=pending.worker_id, ttl_seconds=pending.ttl_seconds,
+            now=self.clock(), steps=() if carries_fence else tuple(steps),
+            blobs={} if carries_fence else blobs)
+        try:
+            grant = await self.store.acquire_lease(request)
+        except (InvalidTransitionError, BudgetExhaustedError, LeaseHeldError) as exc:
+            raise FastStartRefused(str(exc)) from exc
+        self.pending_acquire = None
+        expected, self.fence = self.fence, grant.fence
+        self.header = grant.header
+        if grant.commit is not None:
+            self.nodes.update(grant.commit.nodes)
+            self.actions.update(grant.commit.actions)
+        if grant.header.cancel is not None:
+            self.request_cancel(grant.header.cancel.reason)
+        if carries_fence:
+            if grant.fence != expected:  # someone else took a lease meanwhile: start over
+                raise FastStartRefused(f"fence {grant.fence}, expected {expected}")
+            await self._commit(steps, blobs)
 
     def _final_steps(self, launch: list[_Ready]) -> list[Step]:
         if self.running or launch or (self.ready and self.stop is None):
@@ -671,6 +716,8 @@ class TaskRun:
         interval = self.rt.poll_interval
         while True:
             await asyncio.sleep(interval)
+            if self.pending_acquire is not None:
+                continue  # the lease is taken by the first commit, not yet made
             try:
                 status = await self.store.renew_lease(RenewLeaseRequest(
                     key=self.key, worker_id=self.worker_id, fence=self.fence,

@@ -52,7 +52,7 @@ from agentium_graph.runtime._containers import node_record
 from agentium_graph.runtime._context import current_context
 from agentium_graph.runtime._outcome import node_error
 from agentium_graph.runtime._resolve import resolve_action
-from agentium_graph.runtime._run import RunState, TaskRun
+from agentium_graph.runtime._run import FastStartRefused, RunState, TaskRun
 from agentium_graph.runtime._views import (
     AdmissionEvent,
     AdmissionSnapshot,
@@ -65,6 +65,7 @@ from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import (
     COUNTERS,
     JournalEntry,
+    NodeRecord,
     TaskHeader,
     TaskIdentity,
     TaskSnapshot,
@@ -145,6 +146,8 @@ class ExecutionGraphRuntime:
         # Pinned identities by task key, each with its digest: an identity never changes
         # once created, and a run checks the digest against the header before using one.
         self._identities: dict[str, tuple[str, TaskIdentity]] = {}
+        # Tasks created here and not run yet: their header and node records as written.
+        self._fresh: dict[str, tuple[TaskHeader, tuple[NodeRecord, ...]]] = {}
 
     # --- create ---------------------------------------------------------------------
     async def create(self, key: str, program: ExecutionGraphProgram, *, input: Any = None,
@@ -210,6 +213,10 @@ class ExecutionGraphRuntime:
         if not created.created:
             return await self.inspect(key)  # a re-delivery: show what is stored
         self._remember_identity(identity_digest, identity)
+        # What was just written is the whole state a first run starts from.
+        if len(self._fresh) >= 1024:
+            self._fresh.pop(next(iter(self._fresh)))
+        self._fresh[key] = (created.header, nodes)
         snapshot = TaskSnapshot(header=created.header, nodes={n.node_id: n for n in nodes},
                                 actions={})
         return await build_view(self.store, snapshot, identity, identity_digest=identity_digest)
@@ -239,6 +246,11 @@ class ExecutionGraphRuntime:
         _check_key(key)
         if not worker_id:
             raise ConfigurationError("worker_id must be a non-empty string")
+        fresh = self._fresh.pop(key, None)
+        if fresh is not None:
+            result = await self._run_fresh(key, worker_id, fresh)
+            if result is not None:
+                return result
         header = await self._header(key)
         if header.status == "completed":
             return await self._retained_result(key)
@@ -268,6 +280,41 @@ class ExecutionGraphRuntime:
         except BaseException:
             await self._release_quietly(key, worker_id, grant)
             raise
+
+    async def _run_fresh(self, key: str, worker_id: str,
+                         fresh: tuple[TaskHeader, tuple[NodeRecord, ...]]) -> TaskResult | None:
+        """Run a task this runtime just created, from the state it wrote: no reads, and the
+        lease is taken by the first commit. None when the store refused that start (another
+        worker got there first): the caller then starts the ordinary way."""
+        header, nodes = fresh
+        known = self._identities.get(key)
+        if known is None or known[0] != header.identity_digest:
+            return None
+        identity = known[1]
+        self._check_descriptors(identity)
+        plan = self._compile(identity)
+        state = RunState(header=header, nodes={n.node_id: n for n in nodes}, actions={},
+                         identity=identity)
+        run = TaskRun(self, key, worker_id, header.fence + 1, state, plan,
+                      acquire=AcquireLeaseRequest(key=key, worker_id=worker_id,
+                                                  ttl_seconds=self.lease_ttl, now=self.clock()))
+        self._active[key] = run
+        try:
+            return await run.execute()
+        except FastStartRefused as exc:
+            log.debug("task %s: combined lease + first commit refused (%s)", key, exc)
+            if run.pending_acquire is None:  # the lease was taken on its own first
+                await self._release_quietly(key, worker_id, run.fence)
+            return None
+        except (StaleFenceError, TaskCanceledError, DeadlineExceededError, NodeFailedError,
+                DurableRecoveryRequiredError):
+            raise
+        except BaseException:
+            if run.pending_acquire is None:
+                await self._release_quietly(key, worker_id, run.fence)
+            raise
+        finally:
+            self._active.pop(key, None)
 
     async def _acquire(self, key: str, worker_id: str, wait: bool) -> LeaseGrant:
         while True:

@@ -38,10 +38,13 @@ from agentium_graph.store._requests import (
     TimelineRequest,
 )
 from agentium_graph.store._transitions import (
-    acquire_lease,
+    Delta,
+    Needs,
+    acquire_with_steps,
     apply_commit,
     creation_entry,
     identity_conflict,
+    lease_expiry,
     needs,
     release_lease,
     renew_lease,
@@ -57,6 +60,12 @@ class _Row:
     actions: dict[str, str] = field(default_factory=dict)
     admissions: dict[str, str] = field(default_factory=dict)
     journal: list[str] = field(default_factory=list)
+
+
+def _result(delta: Delta) -> CommitResult:
+    return CommitResult(header=delta.header, nodes=delta.nodes, actions=delta.actions,
+                        journal=tuple(delta.journal), charged=tuple(delta.charges),
+                        already_charged=tuple(delta.already_charged))
 
 
 class InMemoryDurableTaskStore:
@@ -138,13 +147,13 @@ class InMemoryDurableTaskStore:
     async def acquire_lease(self, request: AcquireLeaseRequest) -> LeaseGrant:
         await asyncio.sleep(0)
         row = self._row(request.key)
-        header, entry = acquire_lease(TaskHeader.model_validate_json(row.header), request)
-        row.header = header.model_dump_json()
-        row.journal.append(entry.model_dump_json())
-        assert header.lease is not None
+        nodes, actions, charged = self._loaded(row, needs(request.steps))
+        header, journal, delta = acquire_with_steps(
+            TaskHeader.model_validate_json(row.header), nodes, actions, charged, request)
+        self._persist(row, header, journal, delta, request.blobs)
         snapshot = self._snapshot(row) if request.snapshot else None
-        return LeaseGrant(fence=header.fence, expires_at=header.lease.expires_at, header=header,
-                          snapshot=snapshot)
+        return LeaseGrant(fence=header.fence, expires_at=lease_expiry(request), header=header,
+                          snapshot=snapshot, commit=None if delta is None else _result(delta))
 
     async def renew_lease(self, request: RenewLeaseRequest) -> LeaseStatus:
         await asyncio.sleep(0)
@@ -175,28 +184,35 @@ class InMemoryDurableTaskStore:
     async def commit(self, request: CommitRequest) -> CommitResult:
         await asyncio.sleep(0)
         row = self._row(request.key)
-        need = needs(request.steps)
-        header = TaskHeader.model_validate_json(row.header)
+        nodes, actions, charged = self._loaded(row, needs(request.steps))
+        delta = apply_commit(TaskHeader.model_validate_json(row.header), nodes, actions,
+                             charged, request)
+        self._persist(row, delta.header, delta.journal, delta, request.blobs)
+        return _result(delta)
+
+    @staticmethod
+    def _loaded(row: _Row, need: Needs) -> tuple[dict[str, NodeRecord],
+                                                 dict[str, ActionRecord], set[str]]:
         nodes = {i: NodeRecord.model_validate_json(row.nodes[i])
                  for i in need.node_ids if i in row.nodes}
         actions = {i: ActionRecord.model_validate_json(row.actions[i])
                    for i in need.action_ids if i in row.actions}
-        charged = {i for i in need.admission_ids if i in row.admissions}
-        delta = apply_commit(header, nodes, actions, charged, request)
-        # Nothing above awaited, so the write below is atomic for asyncio callers.
-        for digest_, text in request.blobs.items():
+        return nodes, actions, {i for i in need.admission_ids if i in row.admissions}
+
+    def _persist(self, row: _Row, header: TaskHeader, journal: list[JournalEntry],
+                 delta: Delta | None, blobs: dict[str, str]) -> None:
+        # Callers never await between loading and this write: atomic for asyncio callers.
+        for digest_, text in blobs.items():
             self._blobs.setdefault(digest_, text)
-        for node_id, node in delta.nodes.items():
-            row.nodes[node_id] = node.model_dump_json()
-        for action_id, action in delta.actions.items():
-            row.actions[action_id] = action.model_dump_json()
-        for admission, amounts in delta.charges.items():
-            row.admissions[admission] = str(amounts)
-        row.journal.extend(e.model_dump_json() for e in delta.journal)
-        row.header = delta.header.model_dump_json()
-        return CommitResult(header=delta.header, nodes=delta.nodes, actions=delta.actions,
-                            journal=tuple(delta.journal), charged=tuple(delta.charges),
-                            already_charged=tuple(delta.already_charged))
+        if delta is not None:
+            for node_id, node in delta.nodes.items():
+                row.nodes[node_id] = node.model_dump_json()
+            for action_id, action in delta.actions.items():
+                row.actions[action_id] = action.model_dump_json()
+            for admission, amounts in delta.charges.items():
+                row.admissions[admission] = str(amounts)
+        row.journal.extend(e.model_dump_json() for e in journal)
+        row.header = header.model_dump_json()
 
     async def get_blobs(self, digests: Sequence[str]) -> dict[str, str]:
         await asyncio.sleep(0)

@@ -151,24 +151,45 @@ class CreateTaskResult(_Req):
     header: TaskHeader
 
 
+class CommitResult(_Req):
+    header: TaskHeader
+    nodes: dict[str, NodeRecord] = {}
+    actions: dict[str, ActionRecord] = {}
+    journal: tuple[JournalEntry, ...] = ()
+    charged: tuple[str, ...] = ()          # admission ids newly charged by this commit
+    already_charged: tuple[str, ...] = ()  # admission ids that were charged before
+
+
 class AcquireLeaseRequest(_Req):
-    """Take the task's fenced lease. ``snapshot=True`` also asks for the task's node and
-    action records as of the grant, read in the same atomic step (a run needs them next,
-    so a store saves the caller a separate ``get_task`` round trip)."""
+    """Take the task's fenced lease.
+
+    ``snapshot=True`` also asks for the task's node and action records as of the grant,
+    read in the same atomic step (a run needs them next, so a store saves the caller a
+    separate ``get_task`` round trip).
+
+    ``steps``/``blobs``: a first commit applied under the new fence in the same atomic
+    write, exactly as :class:`CommitRequest` would apply them (all or nothing: if any step
+    is refused, the lease is not taken either). A run that knows the task's state already
+    (it just created it) starts its first ready nodes this way: one durable write, not two.
+    """
 
     key: str
     worker_id: str
     ttl_seconds: float = Field(gt=0)
     now: datetime
     snapshot: bool = False
+    steps: tuple[Step, ...] = ()
+    blobs: dict[str, str] = {}
 
 
 class LeaseGrant(_Req):
     fence: int
     expires_at: datetime
-    header: TaskHeader
+    header: TaskHeader  # after the grant and, with ``steps``, after the first commit
     # The whole task as of the grant when the request asked for it (header == ``header``).
     snapshot: TaskSnapshot | None = None
+    # What the request's ``steps`` changed (None without steps).
+    commit: CommitResult | None = None
 
 
 class RenewLeaseRequest(_Req):
@@ -205,15 +226,6 @@ class CommitRequest(_Req):
     now: datetime
     steps: tuple[Step, ...]
     blobs: dict[str, str] = {}
-
-
-class CommitResult(_Req):
-    header: TaskHeader
-    nodes: dict[str, NodeRecord] = {}
-    actions: dict[str, ActionRecord] = {}
-    journal: tuple[JournalEntry, ...] = ()
-    charged: tuple[str, ...] = ()          # admission ids newly charged by this commit
-    already_charged: tuple[str, ...] = ()  # admission ids that were charged before
 
 
 class ListTasksRequest(_Req):

@@ -466,6 +466,31 @@ def acquire_lease(header: TaskHeader,
                              expires_at=expires)}), entry
 
 
+def acquire_with_steps(header: TaskHeader, nodes: dict[str, NodeRecord],
+                       actions: dict[str, ActionRecord], charged: set[str],
+                       req: AcquireLeaseRequest) -> tuple[TaskHeader, list[JournalEntry],
+                                                          Delta | None]:
+    """:func:`acquire_lease`, then the request's ``steps`` (if any) under the new fence.
+
+    Returns the final header, every journal entry to append (the grant's first), and the
+    steps' :class:`Delta`. ``nodes``/``actions``/``charged`` must hold what
+    ``needs(req.steps)`` names. Raises like either function and changes nothing then.
+    """
+    leased, entry = acquire_lease(header, req)
+    if not req.steps:
+        return leased, [entry], None
+    delta = apply_commit(leased, nodes, actions, charged, CommitRequest(
+        key=req.key, worker_id=req.worker_id, fence=leased.fence, now=req.now,
+        steps=req.steps, blobs=req.blobs))
+    return delta.header, [entry, *delta.journal], delta
+
+
+def lease_expiry(req: AcquireLeaseRequest) -> datetime:
+    """When the lease granted for ``req`` expires (its steps may already have released it,
+    e.g. a first turn that finds the deadline passed and ends the task)."""
+    return _plus(req.now, req.ttl_seconds)
+
+
 def renew_lease(header: TaskHeader, req: RenewLeaseRequest) -> TaskHeader:
     check_fence(header, req.worker_id, req.fence)
     assert header.lease is not None

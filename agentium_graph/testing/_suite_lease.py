@@ -5,7 +5,12 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-from agentium_graph.errors import InvalidTransitionError, LeaseHeldError, StaleFenceError
+from agentium_graph.errors import (
+    BudgetExhaustedError,
+    InvalidTransitionError,
+    LeaseHeldError,
+    StaleFenceError,
+)
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._requests import (
     AcquireLeaseRequest,
@@ -77,6 +82,60 @@ class LeaseTests(SuiteBase):
         # A refused acquire returns nothing at all (no partial snapshot).
         await rejected(store, KEY, LeaseHeldError, store.acquire_lease(AcquireLeaseRequest(
             key=KEY, worker_id=W2, ttl_seconds=30, now=T0 + TICK, snapshot=True)))
+
+    async def test_acquire_with_steps_commits_them_under_the_new_fence_atomically(
+            self, store: DurableTaskStore) -> None:
+        await self.create(store)
+        digest_, text = '"sha"', '{"out":1}'
+        grant = await store.acquire_lease(AcquireLeaseRequest(
+            key=KEY, worker_id=W1, ttl_seconds=30, now=T0, snapshot=True, steps=(
+                StartAttempt(node_id="n0", attempt_id="att-1", admission_id="adm-1",
+                             charges={"work_attempts": 1}),
+                Charge(admission_id="adm-2", charges={"tool_calls": 1})),
+            blobs={digest_: text}))
+        assert grant.fence == 1 and grant.commit is not None
+        assert grant.header == await store.get_header(KEY)
+        assert grant.commit.header == grant.header
+        assert grant.header.counters["work_attempts"] == 1
+        assert grant.header.counters["tool_calls"] == 1
+        assert set(grant.commit.charged) == {"adm-1", "adm-2"}
+        node = grant.commit.nodes["n0"]
+        assert node.state == "running" and node.attempts[-1].fence == grant.fence
+        assert grant.snapshot is not None and grant.snapshot == await store.get_task(KEY)
+        assert await store.get_blobs([digest_]) == {digest_: text}
+        timeline = await read_timeline(store, KEY)
+        kinds = [e.kind for e in timeline]
+        assert kinds[1] == "lease_acquired"  # the grant first, then the steps, in order
+        assert kinds[2:] == ["admission_charged", "attempt_started", "admission_charged"]
+        assert all(e.fence == grant.fence for e in timeline[1:])
+        # The holder carries on with ordinary commits under that fence.
+        await commit(store, KEY, W1, grant.fence, ClaimNode(node_id="n1"))
+
+    async def test_acquire_with_steps_that_end_the_task_releases_the_lease(
+            self, store: DurableTaskStore) -> None:
+        await self.create(store)
+        grant = await store.acquire_lease(AcquireLeaseRequest(
+            key=KEY, worker_id=W1, ttl_seconds=30, now=T0,
+            steps=(SetStatus(status="canceled", release_lease=True),)))
+        assert grant.fence == 1 and grant.expires_at == T0 + timedelta(seconds=30)
+        assert grant.header.status == "canceled" and grant.header.lease is None
+        assert grant.header == await store.get_header(KEY)
+
+    async def test_acquire_with_a_refused_step_takes_no_lease_and_writes_nothing(
+            self, store: DurableTaskStore) -> None:
+        await self.create(store, limits={"tool_calls": 5})
+        await rejected(store, KEY, InvalidTransitionError, store.acquire_lease(
+            AcquireLeaseRequest(key=KEY, worker_id=W1, ttl_seconds=30, now=T0, steps=(
+                Charge(admission_id="adm-1", charges={"tool_calls": 1}),
+                ClaimNode(node_id="no-such-node")), blobs={'"d"': "1"})))
+        assert await store.get_blobs(['"d"']) in ({}, {'"d"': "1"})  # blobs are harmless
+        header = await store.get_header(KEY)
+        assert header is not None and header.lease is None and header.fence == 0
+        await rejected(store, KEY, BudgetExhaustedError, store.acquire_lease(
+            AcquireLeaseRequest(key=KEY, worker_id=W1, ttl_seconds=30, now=T0, steps=(
+                Charge(admission_id="adm-1", charges={"tool_calls": 6}),))))
+        # Nothing was taken: the next plain acquire still gets fence 1.
+        assert await acquire(store, KEY, W1) == 1
 
     async def test_same_worker_reacquires_at_once_with_a_newer_fence(
             self, store: DurableTaskStore) -> None:

@@ -27,6 +27,7 @@ import functools
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 
 from pymongo import InsertOne, ReturnDocument
@@ -50,10 +51,12 @@ from agentium_graph.store import (
     CommitResult,
     CreateTaskRequest,
     CreateTaskResult,
+    Delta,
     JournalEntry,
     LeaseGrant,
     LeaseStatus,
     ListTasksRequest,
+    Needs,
     NodeRecord,
     ReleaseLeaseRequest,
     RenewLeaseRequest,
@@ -61,10 +64,11 @@ from agentium_graph.store import (
     TaskIdentity,
     TaskSnapshot,
     TimelineRequest,
-    acquire_lease,
+    acquire_with_steps,
     apply_commit,
     creation_entry,
     identity_conflict,
+    lease_expiry,
     needs,
     release_lease,
     renew_lease,
@@ -294,15 +298,23 @@ class Session:
 
     # --- compare-and-set transitions ------------------------------------------------------
     async def acquire(self, request: AcquireLeaseRequest) -> LeaseGrant:
+        need = needs(request.steps)
+
         def decide(doc: TaskDoc) -> _Plan[LeaseGrant]:
-            header, entry = acquire_lease(doc.parsed_header(), request)
+            nodes, actions, charged = _loaded(doc, need)
+            header, journal, delta = acquire_with_steps(doc.parsed_header(), nodes, actions,
+                                                        charged, request)
             lease = doc.header.get("lease")
             # Renewals do not move header.seq: guard on the expiry this decision saw.
             guard = {"header.lease": None} if lease is None else {
                 "header.lease.expires_at": lease["expires_at"]}
-            finish = functools.partial(_grant, doc=doc if request.snapshot else None)
-            return _Plan(sets=changed_header_fields(doc.header, header_doc(header)),
-                         finish=finish, journal=[entry], guard=guard)
+            sets = changed_header_fields(doc.header, header_doc(header))
+            if delta is not None:
+                sets.update(_record_sets(delta))
+            finish = functools.partial(_grant, expires_at=lease_expiry(request),
+                                       doc=doc if request.snapshot else None, delta=delta)
+            return _Plan(sets=sets, finish=finish, journal=journal, guard=guard,
+                         blobs=dict(request.blobs) if delta is not None else {})
         return await self._transition("acquire_lease", request.key, decide)
 
     async def release(self, request: ReleaseLeaseRequest) -> TaskHeader:
@@ -316,29 +328,12 @@ class Session:
         need = needs(request.steps)
 
         def decide(doc: TaskDoc) -> _Plan[CommitResult]:
-            where = f"task document {doc.key!r}"
-            with schema_errors(where):
-                nodes = {i: NodeRecord.model_validate_json(doc.nodes[e]) for i in need.node_ids
-                         if (e := encode_key(i)) in doc.nodes}
-                actions = {i: ActionRecord.model_validate_json(doc.actions[e])
-                           for i in need.action_ids if (e := encode_key(i)) in doc.actions}
-            charged = {i for i in need.admission_ids if encode_key(i) in doc.admissions}
+            nodes, actions, charged = _loaded(doc, need)
             delta = apply_commit(doc.parsed_header(), nodes, actions, charged, request)
             sets = changed_header_fields(doc.header, header_doc(delta.header))
-            for node in delta.nodes.values():
-                sets[f"nodes.{encode_key(node.node_id)}"] = node.model_dump_json()
-            for action in delta.actions.values():
-                sets[f"actions.{encode_key(action.action_id)}"] = action.model_dump_json()
-            for admission, amounts in delta.charges.items():
-                sets[f"admissions.{encode_key(admission)}"] = charges_text(amounts)
-
-            def finish(post: TaskHeader) -> CommitResult:
-                return CommitResult(header=post, nodes=delta.nodes, actions=delta.actions,
-                                    journal=tuple(delta.journal),
-                                    charged=tuple(delta.charges),
-                                    already_charged=tuple(delta.already_charged))
-            return _Plan(sets=sets, finish=finish, journal=delta.journal,
-                         blobs=dict(request.blobs))
+            sets.update(_record_sets(delta))
+            return _Plan(sets=sets, finish=functools.partial(_commit_result, delta=delta),
+                         journal=delta.journal, blobs=dict(request.blobs))
         return await self._transition("commit", request.key, decide)
 
     async def _transition(self, op: str, key: str,
@@ -617,18 +612,55 @@ def _header(raw: dict[str, Any], key: str) -> TaskHeader:
         return header_from_doc(raw["header"], where)
 
 
-def _grant(post: TaskHeader, doc: TaskDoc | None = None) -> LeaseGrant:
-    """The grant; with ``doc`` (the document the CAS was decided on) also the snapshot.
+def _loaded(doc: TaskDoc, need: Needs) -> tuple[dict[str, NodeRecord],
+                                                dict[str, ActionRecord], set[str]]:
+    """The node and action records and charged admission ids a transition needs."""
+    with schema_errors(f"task document {doc.key!r}"):
+        nodes = {i: NodeRecord.model_validate_json(doc.nodes[e]) for i in need.node_ids
+                 if (e := encode_key(i)) in doc.nodes}
+        actions = {i: ActionRecord.model_validate_json(doc.actions[e])
+                   for i in need.action_ids if (e := encode_key(i)) in doc.actions}
+    return nodes, actions, {i for i in need.admission_ids if encode_key(i) in doc.admissions}
+
+
+def _record_sets(delta: Delta) -> dict[str, Any]:
+    """The ``$set`` fields of every node, action and admission a delta changed."""
+    sets: dict[str, Any] = {}
+    for node in delta.nodes.values():
+        sets[f"nodes.{encode_key(node.node_id)}"] = node.model_dump_json()
+    for action in delta.actions.values():
+        sets[f"actions.{encode_key(action.action_id)}"] = action.model_dump_json()
+    for admission, amounts in delta.charges.items():
+        sets[f"admissions.{encode_key(admission)}"] = charges_text(amounts)
+    return sets
+
+
+def _commit_result(post: TaskHeader, delta: Delta) -> CommitResult:
+    return CommitResult(header=post, nodes=delta.nodes, actions=delta.actions,
+                        journal=tuple(delta.journal), charged=tuple(delta.charges),
+                        already_charged=tuple(delta.already_charged))
+
+
+def _grant(post: TaskHeader, expires_at: datetime, doc: TaskDoc | None = None,
+           delta: Delta | None = None) -> LeaseGrant:
+    """The grant; with ``doc`` (the document the CAS was decided on) also the snapshot,
+    with ``delta`` (the request's steps) also their commit result.
 
     The CAS matched that document's ``header.seq`` and only commits change nodes and
-    actions (each moves ``seq``), so its records are exactly those under the new fence."""
-    assert post.lease is not None
+    actions (each moves ``seq``), so its records, updated by the delta, are exactly those
+    under the new fence."""
     snapshot = None
     if doc is not None:
         with schema_errors(f"task document {post.key!r}"):
-            nodes = [NodeRecord.model_validate_json(t) for t in doc.nodes.values()]
-            actions = [ActionRecord.model_validate_json(t) for t in doc.actions.values()]
-        snapshot = TaskSnapshot(header=post, nodes={n.node_id: n for n in nodes},
-                                actions={a.action_id: a for a in actions})
-    return LeaseGrant(fence=post.fence, expires_at=post.lease.expires_at, header=post,
-                      snapshot=snapshot)
+            nodes = {n.node_id: n for n in (NodeRecord.model_validate_json(t)
+                                            for t in doc.nodes.values())}
+            actions = {a.action_id: a for a in (ActionRecord.model_validate_json(t)
+                                                for t in doc.actions.values())}
+        if delta is not None:
+            for n in delta.nodes.values():
+                nodes[n.node_id] = NodeRecord.model_validate_json(n.model_dump_json())
+            for a in delta.actions.values():
+                actions[a.action_id] = ActionRecord.model_validate_json(a.model_dump_json())
+        snapshot = TaskSnapshot(header=post, nodes=nodes, actions=actions)
+    return LeaseGrant(fence=post.fence, expires_at=expires_at, header=post, snapshot=snapshot,
+                      commit=None if delta is None else _commit_result(post, delta))

@@ -43,10 +43,13 @@ from agentium_graph.store._requests import (
     TimelineRequest,
 )
 from agentium_graph.store._transitions import (
-    acquire_lease,
+    Delta,
+    Needs,
+    acquire_with_steps,
     apply_commit,
     creation_entry,
     identity_conflict,
+    lease_expiry,
     needs,
     release_lease,
     renew_lease,
@@ -203,15 +206,19 @@ def create_task(conn: sqlite3.Connection,
 
 def acquire(conn: sqlite3.Connection, request: AcquireLeaseRequest) -> Outcome[LeaseGrant]:
     def body(w: Writer) -> tuple[LeaseGrant, bool]:
-        current = _existing_header(conn, request.key)
-        header, entry = acquire_lease(current, request)
-        w.journal(request.key, [entry])
+        key = request.key
+        current = _existing_header(conn, key)
+        nodes, actions, charged = _load(conn, key, needs(request.steps))
+        header, journal, delta = acquire_with_steps(current, nodes, actions, charged, request)
+        if delta is not None:
+            _write_delta(w, key, delta, request.blobs)
+        w.journal(key, journal)
         w.header(header, current)
-        assert header.lease is not None
         # Read inside the write transaction: exactly the state the new fence starts from.
         snapshot = _snapshot(conn, header) if request.snapshot else None
-        return LeaseGrant(fence=header.fence, expires_at=header.lease.expires_at,
-                          header=header, snapshot=snapshot), True
+        return LeaseGrant(fence=header.fence, expires_at=lease_expiry(request),
+                          header=header, snapshot=snapshot,
+                          commit=None if delta is None else _result(delta)), True
     return write_txn(conn, body)
 
 
@@ -250,27 +257,42 @@ def commit(conn: sqlite3.Connection, request: CommitRequest) -> Outcome[CommitRe
     def body(w: Writer) -> tuple[CommitResult, bool]:
         key = request.key
         header = _existing_header(conn, key)
-        need = needs(request.steps)
-        nodes = {i: NodeRecord.model_validate_json(text) for i, text in _rows_in(
-            conn, "nodes", "node_id", "record", key, need.node_ids).items()}
-        actions = {i: ActionRecord.model_validate_json(text) for i, text in _rows_in(
-            conn, "actions", "action_id", "record", key, need.action_ids).items()}
-        charged = set(_rows_in(conn, "admissions", "admission_id", "charges", key,
-                               need.admission_ids))
+        nodes, actions, charged = _load(conn, key, needs(request.steps))
         delta = apply_commit(header, nodes, actions, charged, request)
-        w.blobs(request.blobs)
-        w.many("INSERT OR REPLACE INTO nodes (key, node_id, record) VALUES (?, ?, ?)",
-               [(key, i, n.model_dump_json()) for i, n in delta.nodes.items()])
-        w.many("INSERT OR REPLACE INTO actions (key, action_id, record) VALUES (?, ?, ?)",
-               [(key, i, a.model_dump_json()) for i, a in delta.actions.items()])
-        w.many("INSERT INTO admissions (key, admission_id, charges) VALUES (?, ?, ?)",
-               [(key, i, json.dumps(c, sort_keys=True)) for i, c in delta.charges.items()])
+        _write_delta(w, key, delta, request.blobs)
         w.journal(key, delta.journal)
         w.header(delta.header, header)
-        return CommitResult(header=delta.header, nodes=delta.nodes, actions=delta.actions,
-                            journal=tuple(delta.journal), charged=tuple(delta.charges),
-                            already_charged=tuple(delta.already_charged)), True
+        return _result(delta), True
     return write_txn(conn, body)
+
+
+def _load(conn: sqlite3.Connection, key: str,
+          need: Needs) -> tuple[dict[str, NodeRecord], dict[str, ActionRecord], set[str]]:
+    """The node and action records and charged admission ids a transition needs."""
+    nodes = {i: NodeRecord.model_validate_json(text) for i, text in _rows_in(
+        conn, "nodes", "node_id", "record", key, need.node_ids).items()}
+    actions = {i: ActionRecord.model_validate_json(text) for i, text in _rows_in(
+        conn, "actions", "action_id", "record", key, need.action_ids).items()}
+    charged = set(_rows_in(conn, "admissions", "admission_id", "charges", key,
+                           need.admission_ids))
+    return nodes, actions, charged
+
+
+def _write_delta(w: Writer, key: str, delta: Delta, blobs: dict[str, str]) -> None:
+    """Blobs first (insert-if-absent), then every changed row; journal and header follow."""
+    w.blobs(blobs)
+    w.many("INSERT OR REPLACE INTO nodes (key, node_id, record) VALUES (?, ?, ?)",
+           [(key, i, n.model_dump_json()) for i, n in delta.nodes.items()])
+    w.many("INSERT OR REPLACE INTO actions (key, action_id, record) VALUES (?, ?, ?)",
+           [(key, i, a.model_dump_json()) for i, a in delta.actions.items()])
+    w.many("INSERT INTO admissions (key, admission_id, charges) VALUES (?, ?, ?)",
+           [(key, i, json.dumps(c, sort_keys=True)) for i, c in delta.charges.items()])
+
+
+def _result(delta: Delta) -> CommitResult:
+    return CommitResult(header=delta.header, nodes=delta.nodes, actions=delta.actions,
+                        journal=tuple(delta.journal), charged=tuple(delta.charges),
+                        already_charged=tuple(delta.already_charged))
 
 
 # --- reads -------------------------------------------------------------------------------
