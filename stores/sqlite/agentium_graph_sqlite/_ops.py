@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -59,6 +59,10 @@ from agentium_graph.store._transitions import (
 T = TypeVar("T")
 R = TypeVar("R")
 _ENTRIES = TypeAdapter(list[JournalEntry])  # a journal row: one commit's entries
+# A node row's record plus slack: above a completed single-attempt record (~750 bytes) and
+# below SQLite's largest in-page payload for 4 KiB pages (~1000 bytes, beyond which a row
+# spills to overflow pages). Bigger records (many attempts, long errors) just grow.
+NODE_SLOT = 900
 _CHUNK = 500  # bound on "?" placeholders per IN (...) list
 
 
@@ -71,12 +75,15 @@ class Writer:
         self.conn = conn
         self.bytes = 0
 
-    def many(self, sql: str, rows: Sequence[tuple[str | int, ...]]) -> None:
-        """Execute ``sql`` for every row; payload bytes are the text columns after the key."""
+    def many(self, sql: str, rows: Sequence[tuple[str | int, ...]], *,
+             text_columns: slice | int = slice(1, None)) -> None:
+        """Execute ``sql`` for every row. Payload bytes are counted over ``text_columns``:
+        by default every column after the key; an int ``n`` means the first ``n``."""
         if not rows:
             return
+        part = slice(0, text_columns) if isinstance(text_columns, int) else text_columns
         for row in rows:
-            self.bytes += sum(len(v.encode()) for v in row[1:] if isinstance(v, str))
+            self.bytes += sum(len(v.encode()) for v in row[part] if isinstance(v, str))
         if len(rows) == 1:
             self.conn.execute(sql, rows[0])
         else:
@@ -194,8 +201,8 @@ def create_task(conn: sqlite3.Connection,
                [(key, request.header.status, header_text)])
         w.many("INSERT INTO identities (key, identity) VALUES (?, ?)",
                [(key, request.identity.model_dump_json())])
-        w.many("INSERT INTO nodes (key, node_id, record) VALUES (?, ?, ?)",
-               [(key, n.node_id, n.model_dump_json()) for n in request.nodes])
+        _upsert(w, "nodes", "node_id", key, {},
+                {n.node_id: n.model_dump_json() for n in request.nodes}, slot=NODE_SLOT)
         w.many("INSERT INTO admissions (key, admission_id, charges) VALUES (?, ?, ?)",
                [(key, request.admission_id, "{}")])
         w.journal(key, [entry])
@@ -211,7 +218,7 @@ def acquire(conn: sqlite3.Connection, request: AcquireLeaseRequest) -> Outcome[L
         nodes, actions, charged = _load(conn, key, needs(request.steps))
         header, journal, delta = acquire_with_steps(current, nodes, actions, charged, request)
         if delta is not None:
-            _write_delta(w, key, delta, request.blobs)
+            _write_delta(w, key, delta, request.blobs, nodes, actions)
         w.journal(key, journal)
         w.header(header, current)
         # Read inside the write transaction: exactly the state the new fence starts from.
@@ -259,7 +266,7 @@ def commit(conn: sqlite3.Connection, request: CommitRequest) -> Outcome[CommitRe
         header = _existing_header(conn, key)
         nodes, actions, charged = _load(conn, key, needs(request.steps))
         delta = apply_commit(header, nodes, actions, charged, request)
-        _write_delta(w, key, delta, request.blobs)
+        _write_delta(w, key, delta, request.blobs, nodes, actions)
         w.journal(key, delta.journal)
         w.header(delta.header, header)
         return _result(delta), True
@@ -278,15 +285,45 @@ def _load(conn: sqlite3.Connection, key: str,
     return nodes, actions, charged
 
 
-def _write_delta(w: Writer, key: str, delta: Delta, blobs: dict[str, str]) -> None:
-    """Blobs first (insert-if-absent), then every changed row; journal and header follow."""
+def _write_delta(w: Writer, key: str, delta: Delta, blobs: dict[str, str],
+                 nodes: dict[str, NodeRecord], actions: dict[str, ActionRecord]) -> None:
+    """Blobs first (insert-if-absent), then every changed row; journal and header follow.
+
+    Rows that exist (``nodes``/``actions``: what the transition loaded) are UPDATEd in
+    place: ``INSERT OR REPLACE`` deletes and re-inserts, and the delete can leave a page
+    underfull and rebalance its siblings, about three page writes per node transition."""
     w.blobs(blobs)
-    w.many("INSERT OR REPLACE INTO nodes (key, node_id, record) VALUES (?, ?, ?)",
-           [(key, i, n.model_dump_json()) for i, n in delta.nodes.items()])
-    w.many("INSERT OR REPLACE INTO actions (key, action_id, record) VALUES (?, ?, ?)",
-           [(key, i, a.model_dump_json()) for i, a in delta.actions.items()])
+    _upsert(w, "nodes", "node_id", key, nodes,
+            {i: n.model_dump_json() for i, n in delta.nodes.items()}, slot=NODE_SLOT)
+    _upsert(w, "actions", "action_id", key, actions,
+            {i: a.model_dump_json() for i, a in delta.actions.items()})
     w.many("INSERT INTO admissions (key, admission_id, charges) VALUES (?, ?, ?)",
            [(key, i, json.dumps(c, sort_keys=True)) for i, c in delta.charges.items()])
+
+
+def _upsert(w: Writer, table: str, column: str, key: str, existing: Mapping[str, object],
+            texts: dict[str, str], *, slot: int = 0) -> None:
+    """UPDATE the rows in ``existing``, INSERT the others. With ``slot``, each row gets
+    zero-filled slack up to ``slot`` bytes (the table has a ``slack`` column)."""
+    if slot:
+        update = f"UPDATE {table} SET record = ?, slack = zeroblob(?) WHERE key = ? AND " \
+                 f"{column} = ?"
+        insert = f"INSERT INTO {table} (key, {column}, record, slack) VALUES (?, ?, ?, " \
+                 "zeroblob(?))"
+        w.many(update, [(t, _slack(t, slot), key, i) for i, t in texts.items()
+                        if i in existing], text_columns=1)
+        w.many(insert, [(key, i, t, _slack(t, slot)) for i, t in texts.items()
+                        if i not in existing])
+        return
+    w.many(f"UPDATE {table} SET record = ? WHERE key = ? AND {column} = ?",
+           [(t, key, i) for i, t in texts.items() if i in existing], text_columns=1)
+    w.many(f"INSERT INTO {table} (key, {column}, record) VALUES (?, ?, ?)",
+           [(key, i, t) for i, t in texts.items() if i not in existing])
+
+
+def _slack(text: str, slot: int) -> int:
+    size = len(text) if text.isascii() else len(text.encode())
+    return max(0, slot - size)
 
 
 def _result(delta: Delta) -> CommitResult:

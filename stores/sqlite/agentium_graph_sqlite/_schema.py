@@ -20,7 +20,7 @@ from pathlib import Path
 from agentium_graph.errors import StoreError, StoreSchemaError
 from agentium_graph_sqlite._errors import mapped_errors
 
-SCHEMA_VERSION = 2  # 2: one journal row per commit, in a rowid table (1 is migrated on open)
+SCHEMA_VERSION = 2  # 2: journal rows per commit, node slack (1 is migrated on open)
 APPLICATION = "agentium-graph-sqlite"
 APPLICATION_ID = 0x41475351  # "AGSQ", stored in the SQLite file header
 _MAGIC = b"SQLite format 3\x00"
@@ -32,6 +32,10 @@ log = logging.getLogger("agentium_graph.sqlite")
 # every insert appends at the right edge of the b-tree (a WITHOUT ROWID table keyed by
 # task would insert into the middle of full pages and rewrite their siblings: about four
 # page writes per commit instead of one), found through a small (key, seq) index.
+# nodes: each row carries zero-filled ``slack`` that keeps it at a constant size while its
+# record grows (pending -> running -> completed), so SQLite overwrites the row in place
+# (one page) instead of deleting and re-inserting it, which rebalances the leaf with its
+# siblings and rewrites their parent: about three page writes per node transition.
 _JOURNAL_DDL = (
     "CREATE TABLE IF NOT EXISTS journal (id INTEGER PRIMARY KEY, key TEXT NOT NULL, "
     "seq INTEGER NOT NULL, entries TEXT NOT NULL)",
@@ -44,7 +48,7 @@ _DDL = (
     "CREATE INDEX IF NOT EXISTS tasks_by_status ON tasks (status, key)",
     "CREATE TABLE IF NOT EXISTS identities (key TEXT PRIMARY KEY, identity TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS nodes (key TEXT NOT NULL, node_id TEXT NOT NULL, "
-    "record TEXT NOT NULL, PRIMARY KEY (key, node_id)) WITHOUT ROWID",
+    "record TEXT NOT NULL, slack BLOB, PRIMARY KEY (key, node_id)) WITHOUT ROWID",
     "CREATE TABLE IF NOT EXISTS actions (key TEXT NOT NULL, action_id TEXT NOT NULL, "
     "record TEXT NOT NULL, PRIMARY KEY (key, action_id)) WITHOUT ROWID",
     "CREATE TABLE IF NOT EXISTS admissions (key TEXT NOT NULL, admission_id TEXT NOT NULL, "
@@ -208,9 +212,11 @@ def _prepare(conn: sqlite3.Connection, settings: Settings) -> None:
 
 def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
     """Version 1 kept one journal row per entry in a WITHOUT ROWID table; rewrite each as a
-    one-entry row of the new table. Runs inside the caller's transaction: all or nothing,
-    and a process still running version 1 code refuses the file from then on."""
+    one-entry row of the new table, and give node rows their slack column. Runs inside the
+    caller's transaction: all or nothing, and a process still running version 1 code refuses
+    the file from then on."""
     log.info("migrating SQLite store schema 1 -> 2 (journal rows)")
+    conn.execute("ALTER TABLE nodes ADD COLUMN slack BLOB")
     conn.execute("ALTER TABLE journal RENAME TO journal_v1")
     for statement in _JOURNAL_DDL:
         conn.execute(statement)

@@ -12,6 +12,8 @@ from agentium_graph.errors import StoreError
 from agentium_graph.store import Charge, ClaimNode, JournalEntry, TimelineRequest
 from agentium_graph_sqlite import SCHEMA_VERSION, SQLiteDurableTaskStore
 
+_V1_NODES = ("CREATE TABLE nodes (key TEXT NOT NULL, node_id TEXT NOT NULL, "
+             "record TEXT NOT NULL, PRIMARY KEY (key, node_id)) WITHOUT ROWID")
 _V1_JOURNAL = ("CREATE TABLE journal (key TEXT NOT NULL, seq INTEGER NOT NULL, "
                "entry TEXT NOT NULL, PRIMARY KEY (key, seq)) WITHOUT ROWID")
 
@@ -29,6 +31,10 @@ def _rewrite_as_version_1(path: Path, entries: dict[str, list[JournalEntry]]) ->
     conn.executemany("INSERT INTO journal (key, seq, entry) VALUES (?, ?, ?)",
                      [(key, e.seq, e.model_dump_json()) for key, es in entries.items()
                       for e in es])
+    conn.execute(_V1_NODES.replace("nodes", "nodes_v1", 1))
+    conn.execute("INSERT INTO nodes_v1 SELECT key, node_id, record FROM nodes")
+    conn.execute("DROP TABLE nodes")
+    conn.execute("ALTER TABLE nodes_v1 RENAME TO nodes")
     conn.execute("UPDATE meta SET value = '1' WHERE name = 'schema_version'")
     conn.execute("COMMIT")
     conn.close()
@@ -57,6 +63,10 @@ async def test_a_version_1_file_is_migrated_and_keeps_its_whole_journal(tmp_path
         await store.commit(commit_request("a", grant.fence, [
             Charge(admission_id="adm-2", charges={"tool_calls": 1})]))
         after = await _timeline(store, "a")
+        # Node rows written by version 1 code (no slack) are read and updated as usual.
+        await store.commit(commit_request("a", grant.fence, [ClaimNode(node_id="n1")]))
+        snapshot = await store.get_task("a")
+        assert snapshot is not None and snapshot.nodes["n1"].state == "claimed"
     assert after[:5] == before["a"]
     assert [e.seq for e in after] == [1, 2, 3, 4, 5, 6, 7]
     conn = sqlite3.connect(path)

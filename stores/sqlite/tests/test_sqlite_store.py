@@ -14,6 +14,7 @@ from sqlite_helpers import acquire_request, at, commit_request, create_request
 from agentium_graph._canonical import digest_text
 from agentium_graph.errors import (
     BudgetExhaustedError,
+    ErrorInfo,
     InvalidTransitionError,
     LeaseHeldError,
     StaleFenceError,
@@ -430,6 +431,11 @@ async def test_closing_in_a_forked_child_leaves_the_parents_connection_alone(
     parent_thread.stop()
 
 
+# An existing node row is overwritten in place (same size thanks to its slack), never
+# deleted and re-inserted.
+_NODE_UPDATE = "UPDATE nodes SET record = ?, slack = zeroblob(?) WHERE key = ? AND node_id = ?"
+
+
 async def test_a_commit_reads_only_the_rows_its_steps_need(
         db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     statements: list[tuple[str, tuple[Any, ...]]] = []
@@ -463,8 +469,7 @@ async def test_a_commit_reads_only_the_rows_its_steps_need(
         assert [p for sql, p in reads if "FROM nodes" in sql] == [("k", "n7")]
         assert [p for sql, p in reads if "FROM admissions" in sql] == [("k", "adm-7")]
         assert not any("identities" in sql or "journal" in sql for sql, _ in reads)
-        assert writes() == ["INSERT OR REPLACE INTO nodes", "INSERT INTO admissions",
-                            "INSERT INTO journal",
+        assert writes() == [_NODE_UPDATE, "INSERT INTO admissions", "INSERT INTO journal",
                             "UPDATE tasks SET status = ?, header = ? WHERE key = ?"]
         statements.clear()
         digest_, text = _blob("1")
@@ -472,5 +477,42 @@ async def test_a_commit_reads_only_the_rows_its_steps_need(
             SettleNode(node_id="n7", state="completed", output_digest=digest_)],
             blobs={digest_: text}))
         # The status is unchanged, so its index entry is not rewritten.
-        assert writes() == ["INSERT OR IGNORE INTO blobs", "INSERT OR REPLACE INTO nodes",
+        assert writes() == ["INSERT OR IGNORE INTO blobs", _NODE_UPDATE,
                             "INSERT INTO journal", "UPDATE tasks SET header = ? WHERE key = ?"]
+
+
+async def test_node_rows_keep_one_size_while_their_records_grow(db_path: Path) -> None:
+    # Record + slack stay at NODE_SLOT bytes from pending through completed, so SQLite
+    # overwrites each row in place; a record bigger than the slot simply has no slack.
+    from agentium_graph_sqlite._ops import NODE_SLOT
+
+    def sizes() -> dict[str, tuple[int, int]]:
+        conn = sqlite3.connect(db_path)
+        try:
+            return {n: (r, s) for n, r, s in conn.execute(
+                "SELECT node_id, length(CAST(record AS BLOB)), length(slack) FROM nodes")}
+        finally:
+            conn.close()
+
+    async with SQLiteDurableTaskStore(db_path) as store:
+        await store.create_task(create_request("k", ["n0", "n1"]))
+        grant = await store.acquire_lease(acquire_request("k"))
+        created = sizes()
+        digest_, text = _blob("1")
+        await store.commit(commit_request("k", grant.fence, [
+            StartAttempt(node_id="n0", attempt_id="att", admission_id="adm",
+                         charges={"work_attempts": 1})]))
+        await store.commit(commit_request("k", grant.fence, [
+            SettleNode(node_id="n0", state="completed", output_digest=digest_),
+            StartAttempt(node_id="n1", attempt_id="att-n1")], blobs={digest_: text}))
+        # A failure with a long message: the record outgrows the slot.
+        await store.commit(commit_request("k", grant.fence, [SettleNode(
+            node_id="n1", state="failed", error=ErrorInfo(code="x", message="é" * 600))]))
+        settled = sizes()
+        snapshot = await store.get_task("k")
+    assert snapshot is not None and snapshot.nodes["n1"].error is not None
+    assert snapshot.nodes["n1"].error.message == "é" * 600  # the slack is never read back
+    assert all(r + s == NODE_SLOT for r, s in created.values())
+    record, slack = settled["n0"]
+    assert record > created["n0"][0] and record + slack == NODE_SLOT
+    assert settled["n1"][0] > NODE_SLOT and settled["n1"][1] == 0
