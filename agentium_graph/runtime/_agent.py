@@ -39,6 +39,7 @@ from agentium_graph.providers import (
     check_response,
 )
 from agentium_graph.runtime import _effects as effects
+from agentium_graph.runtime._blobs import read_verified
 from agentium_graph.runtime._context import ToolContext
 from agentium_graph.runtime._graph import NodeSpec
 from agentium_graph.runtime._outcome import Outcome, check_output, schema_error
@@ -258,9 +259,9 @@ async def _effect_call(run: TaskRun, spec: NodeSpec, sub: NodeSpec, call: ToolCa
 
 
 async def _blob(run: TaskRun, blob_digest: str, spec: NodeSpec) -> str:
-    blobs = await run.store.get_blobs([blob_digest])
-    text = blobs.get(blob_digest)
-    if text is None or digest_text(text) != blob_digest:
+    blobs = await read_verified(run.store, [blob_digest])
+    problem = blobs.problem(blob_digest)
+    if problem is not None:
         raise AgentFailure(f"agent node {spec.id!r}: journaled record {blob_digest} is "
-                           "missing or damaged; the store was modified", node_id=spec.id)
-    return text
+                           f"{problem}; the store was modified", node_id=spec.id)
+    return blobs.texts[blob_digest]

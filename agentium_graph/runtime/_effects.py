@@ -27,6 +27,7 @@ from agentium_graph._otel import span
 from agentium_graph.catalog._bindings import ToolBinding
 from agentium_graph.connectors import Absent, ActionOutcome, ActionRequest, Unknown
 from agentium_graph.errors import BudgetExhaustedError, ErrorInfo, NodeFailedError
+from agentium_graph.runtime._blobs import read_verified
 from agentium_graph.runtime._graph import NodeSpec
 from agentium_graph.runtime._outcome import Outcome, check_output
 from agentium_graph.store._records import ActionRecord, NodeRecord
@@ -212,11 +213,13 @@ async def reconcile(run: TaskRun, connector: Any,
 
 async def _reuse_receipt(run: TaskRun, node: NodeSpec, action: ActionRecord) -> Outcome:
     assert action.outcome_digest is not None
-    blobs = await run.store.get_blobs([action.outcome_digest])
-    text = blobs.get(action.outcome_digest)
-    if text is None:
-        raise NodeFailedError(f"node {node.id!r}: the receipt of action {action.action_id} "
-                              "lost its outcome blob; the store was damaged", node_id=node.id)
-    checked = check_output(node.id, node.binding, json.loads(text))
+    blobs = await read_verified(run.store, [action.outcome_digest])
+    problem = blobs.problem(action.outcome_digest)
+    if problem is not None:
+        raise NodeFailedError(f"node {node.id!r}: the outcome blob of action "
+                              f"{action.action_id}'s receipt is {problem}; the store was "
+                              "damaged", node_id=node.id)
+    checked = check_output(node.id, node.binding,
+                           json.loads(blobs.texts[action.outcome_digest]))
     checked.action = action
     return checked

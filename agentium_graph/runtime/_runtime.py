@@ -18,7 +18,6 @@ from agentium_graph._canonical import (
     admission_id,
     check_json,
     digest,
-    digest_text,
     json_copy,
     json_path,
     record_digest,
@@ -47,6 +46,7 @@ from agentium_graph.errors import (
     TaskNotFoundError,
 )
 from agentium_graph.plan._validate import CompiledPlan, validate_plan
+from agentium_graph.runtime._blobs import read_verified
 from agentium_graph.runtime._config import Budgets, RootLimits, counter_limits
 from agentium_graph.runtime._containers import node_record
 from agentium_graph.runtime._context import current_context
@@ -503,16 +503,16 @@ class ExecutionGraphRuntime:
     async def _load_outputs(self, snapshot: TaskSnapshot) -> dict[str, Any]:
         wanted: dict[str, str] = {n.node_id: n.output_digest for n in snapshot.nodes.values()
                                   if n.state == "completed" and n.output_digest}
-        blobs = await self.store.get_blobs(sorted(set(wanted.values())))
+        blobs = await read_verified(self.store, wanted.values())
         outputs: dict[str, Any] = {}
-        for node_id, want in wanted.items():
-            text = blobs.get(want)
-            if text is None or digest_text(text) != want:
+        for node_id, want in sorted(wanted.items()):
+            problem = blobs.problem(want)
+            if problem is not None:
                 raise DataIntegrityError(
                     f"task {snapshot.header.key!r}: the stored output of node {node_id!r} is "
-                    "missing or does not match its digest; the store was damaged",
-                    node_id=node_id)
-            outputs[node_id] = json.loads(text)
+                    f"{problem} (blob {want}); the store was damaged, restore it from a backup",
+                    node_id=node_id, details={"blob": want, "problem": problem})
+            outputs[node_id] = json.loads(blobs.texts[want])
         return outputs
 
     async def _retained_result(self, key: str) -> TaskResult:
@@ -541,19 +541,19 @@ async def build_view(store: DurableTaskStore, snapshot: TaskSnapshot,
     elif (identity_digest or record_digest(identity.model_dump(mode="json"))) != \
             header.identity_digest:
         problems.append("identity record does not match the task's identity digest")
-    wanted = sorted({n.output_digest for n in snapshot.nodes.values() if n.output_digest})
-    blobs = await store.get_blobs(wanted) if wanted else {}
+    blobs = await read_verified(store, (n.output_digest for n in snapshot.nodes.values()
+                                        if n.output_digest))
     views: dict[str, NodeView] = {}
     for node_id, rec in snapshot.nodes.items():
         output: Any = None
         if rec.output_digest:
-            text = blobs.get(rec.output_digest)
-            if text is None:
+            problem = blobs.problem(rec.output_digest)
+            if problem == "missing":
                 problems.append(f"node {node_id!r}: output blob is missing")
-            elif digest_text(text) != rec.output_digest:
+            elif problem == "damaged":
                 problems.append(f"node {node_id!r}: output does not match its digest")
             else:
-                output = json.loads(text)
+                output = json.loads(blobs.texts[rec.output_digest])
         views[node_id] = NodeView(
             node_id=node_id, state=rec.state, kind=rec.kind, binding=rec.binding,
             version=rec.version, revision=rec.revision, incarnation_id=rec.incarnation_id,
