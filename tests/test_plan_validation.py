@@ -740,3 +740,45 @@ def test_resolve_args_missing_path_names_the_ref(path: tuple[str | int, ...],
 def test_resolve_args_missing_producer_output() -> None:
     with pytest.raises(LookupError, match="node 'p' has no output"):
         resolve_args({"v": ref("p")}, {})
+
+
+# --- $literal: data that contains "$ref" keys ---------------------------------------
+
+SCHEMA_WITH_REF = {"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n"}
+
+
+def test_literal_content_is_never_a_reference() -> None:
+    p = plan(node("a"), node("b", args={
+        "schema": {"$literal": SCHEMA_WITH_REF},
+        "items": [{"$literal": {"$ref": {"node": "a"}}}, ref("a", "x")]}))
+    compiled = ok(p)
+    b = compiled.nodes["b"]
+    assert b.literal and [r.arg_path for r in b.refs] == [("items", 1)]
+    assert b.deps == ("a",)  # only the real reference makes a dependency
+
+
+def test_a_literal_with_other_keys_is_named() -> None:
+    p = plan(node("a"), node("b", args={"x": {"$literal": 1, "$ref": {"node": "a"}},
+                                        "y": [{"$literal": 2, "why": 3}]}))
+    assert problems(p) == [("bad_literal", "$.nodes[1].args.x", "b"),
+                           ("bad_literal", "$.nodes[1].args.y[0]", "b")]
+
+
+def test_literal_values_are_checked_against_the_input_schema_as_written() -> None:
+    # What the tool receives is the unwrapped value: a literal string is not a number.
+    p = plan(node("w", "writer", args={"price": {"$literal": "12"}}))
+    assert problems(p) == [("args_invalid", "$.nodes[0].args.price", "w")]
+    assert ok(plan(node("w", "writer", args={"price": {"$literal": 12}}))).nodes["w"].literal
+
+
+def test_resolved_args_unwrap_literals_and_resolve_only_real_references() -> None:
+    from agentium_graph.plan._validate import resolve_args
+
+    args = {"schema": {"$literal": SCHEMA_WITH_REF},
+            "nested": {"$literal": {"$literal": "kept as written"}},
+            "v": ref("a", "x")}
+    resolved = resolve_args(args, {"a": {"x": 5}})
+    assert resolved == {"schema": SCHEMA_WITH_REF,
+                        "nested": {"$literal": "kept as written"}, "v": 5}
+    resolved["schema"]["$defs"]["n"]["type"] = "string"  # a copy: the plan is untouched
+    assert SCHEMA_WITH_REF["$defs"]["n"]["type"] == "integer"

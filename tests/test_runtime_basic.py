@@ -350,3 +350,32 @@ def test_sync_wrappers() -> None:
 def test_runtime_config_errors(calls: Calls, kwargs: dict[str, Any]) -> None:
     with pytest.raises(ConfigurationError):
         ExecutionGraphRuntime(catalog=make_catalog(calls), **kwargs)
+
+
+async def test_a_tool_receives_literal_data_that_contains_ref_keys(calls: Calls) -> None:
+    from agentium_graph import HostCatalog, ToolBinding
+
+    seen: list[dict[str, Any]] = []
+
+    async def keep(args: dict[str, Any]) -> dict[str, Any]:
+        seen.append(args)
+        return {"value": len(seen)}
+
+    catalog = HostCatalog([*make_catalog(calls), ToolBinding(
+        id="keep", version="1", execute=keep, recovery="pure", output_schema=INT_OUT)])
+    schema = {"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n"}
+    plan = {"schemaVersion": 1, "revision": 1, "nodes": [
+        {"id": "a", "binding": "inc", "version": "1", "args": {"x": 1}},
+        {"id": "b", "binding": "keep", "version": "1", "args": {
+            "schema": {"$literal": schema},
+            "dbref": {"$literal": {"$ref": "orders", "$id": 7}},
+            "from_a": {"$ref": {"node": "a", "path": ["value"]}}}},
+        {"id": "c", "binding": "keep", "version": "1",
+         "args": {"only": {"$literal": {"$ref": {"node": "a"}}}}}]}
+    rt = ExecutionGraphRuntime(catalog=catalog)
+    await rt.create("lit", program(plan))
+    await rt.run("lit", "w1")
+    by_keys = {tuple(sorted(a)): a for a in seen}
+    assert by_keys[("dbref", "from_a", "schema")] == {
+        "schema": schema, "dbref": {"$ref": "orders", "$id": 7}, "from_a": 2}
+    assert by_keys[("only",)] == {"only": {"$ref": {"node": "a"}}}  # no reference, no dep

@@ -109,6 +109,7 @@ class CompiledNode:
     deps: tuple[str, ...]          # control + data dependencies, sorted, unique
     refs: tuple[Ref, ...]
     depth: int
+    literal: bool = False          # ``args`` hold ``{"$literal": ...}`` wrappers to unwrap
 
     @property
     def static(self) -> bool:
@@ -132,13 +133,51 @@ class CompiledPlan:
         return succ
 
 
+# ``{"$literal": value}`` in args stands for ``value`` exactly as written: nothing inside it
+# is a reference. It is how a plan passes data that itself contains a "$ref" key (a JSON
+# Schema, a MongoDB DBRef) to a tool.
+LITERAL = "$literal"
+
+
 def is_ref(value: Any) -> bool:
-    return isinstance(value, dict) and "$ref" in value
+    return isinstance(value, dict) and "$ref" in value and LITERAL not in value
+
+
+def is_literal(value: Any) -> bool:
+    return isinstance(value, dict) and LITERAL in value
+
+
+def unwrap_literals(value: Any) -> Any:
+    """``value`` with every ``{"$literal": v}`` replaced by ``v`` (references untouched);
+    shares unchanged parts with ``value``."""
+    if is_literal(value):
+        return value[LITERAL]
+    if isinstance(value, dict):
+        return {k: unwrap_literals(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unwrap_literals(v) for v in value]
+    return value
+
+
+def iter_literals(value: Any, where: tuple[str | int, ...] = ()) -> Iterator[
+        tuple[tuple[str | int, ...], dict[str, Any]]]:
+    """Yield ``(arg_path, wrapper)`` for every ``$literal`` wrapper outside other wrappers."""
+    if is_literal(value):
+        yield where, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from iter_literals(v, (*where, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from iter_literals(v, (*where, i))
 
 
 def iter_refs(value: Any, where: tuple[str | int, ...] = ()) -> Iterator[
         tuple[tuple[str | int, ...], Any]]:
-    """Yield ``(arg_path, raw $ref body)`` for every reference anywhere in ``value``."""
+    """Yield ``(arg_path, raw $ref body)`` for every reference anywhere in ``value``
+    (nothing inside a ``$literal`` wrapper is one)."""
+    if is_literal(value):
+        return
     if is_ref(value):
         yield where, value
     elif isinstance(value, dict):
@@ -369,7 +408,8 @@ def validate_plan(
         nid: CompiledNode(
             id=nid, binding=bindings[nid], args=nodes[ids[nid]].get("args", {}),
             deps=tuple(sorted(deps[nid])), refs=tuple(refs[nid]),
-            depth=depth_offset + depth_of[nid])
+            depth=depth_offset + depth_of[nid],
+            literal=next(iter_literals(nodes[ids[nid]].get("args", {})), None) is not None)
         for nid in order
     }
     return CompiledPlan(
@@ -434,6 +474,12 @@ def _check_dependencies(node: dict[str, Any], where: str, nid: str, binding: Bin
     args = node.get("args", {})
     if not isinstance(args, dict):
         return found, node_refs
+    for arg_path, wrapper in iter_literals(args):
+        if set(wrapper) != {LITERAL}:
+            extra = sorted(k for k in wrapper if k != LITERAL)
+            diags.add(json_path(arg_path, f"{where}.args"), "bad_literal",
+                      f'a $literal object must have no other keys (found {extra}); write '
+                      '{"$literal": <value>} and put everything inside <value>', nid)
     for arg_path, body in iter_refs(args):
         rwhere = json_path(arg_path, f"{where}.args")
         ref = _parse_ref(body, rwhere, nid, diags)
@@ -499,6 +545,7 @@ def _check_ref_path(r: Ref, i: int, nid: str, producer: Binding | None, catalog:
 def _check_args(args: dict[str, Any], where: str, nid: str, binding: Binding,
                 ref_paths: list[tuple[str | int, ...]], diags: _Collector) -> None:
     """Args are checked now as far as they are static; the rest after resolution."""
+    args = unwrap_literals(args)  # what the tool will receive, references still in place
     for err in binding.input_errors(args):
         if _static_verdict(err, ref_paths):
             diags.add(json_path(err.absolute_path, where), "args_invalid",
@@ -641,7 +688,10 @@ def resolve_args(args: Any, outputs: dict[str, Any]) -> Any:
 
     Raises ``LookupError`` naming the reference when the producer has no output or the
     path does not exist in it (string parts index objects, integer parts index arrays).
+    A ``{"$literal": value}`` wrapper becomes a copy of ``value``, searched for nothing.
     """
+    if is_literal(args):
+        return json_copy(args[LITERAL], trusted=True)
     if is_ref(args):
         ref = args["$ref"]
         node, path = ref["node"], ref.get("path", [])
@@ -660,5 +710,5 @@ def resolve_args(args: Any, outputs: dict[str, Any]) -> Any:
     return args
 
 
-__all__ = ["PLAN_SCHEMA", "CompiledNode", "CompiledPlan", "Ref", "resolve_args",
-           "validate_plan"]
+__all__ = ["LITERAL", "PLAN_SCHEMA", "CompiledNode", "CompiledPlan", "Ref", "resolve_args",
+           "unwrap_literals", "validate_plan"]

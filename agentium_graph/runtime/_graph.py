@@ -26,6 +26,7 @@ class NodeSpec:
     args: dict[str, Any]
     refs: tuple[Ref, ...]         # ``Ref.node`` is a local id (or ``$input``/``$previous``)
     deps: tuple[str, ...]         # full ids
+    literal: bool = False         # args hold ``$literal`` wrappers (resolved like refs)
 
 
 @dataclass(slots=True)
@@ -71,7 +72,7 @@ class FlatGraph:
             node = plan.nodes[local]
             spec = NodeSpec(id=prefix + local, local=local, scope=prefix,
                             binding=node.binding, args=node.args, refs=node.refs,
-                            deps=tuple(prefix + d for d in node.deps))
+                            deps=tuple(prefix + d for d in node.deps), literal=node.literal)
             self.specs[spec.id] = spec
             self.pos[spec.id] = len(self.order)
             self.order.append(spec.id)

@@ -474,7 +474,7 @@ class TaskRun:
             # Static args are copied too: a tool that mutates its args must not change the
             # plan (a retry would see different input).
             args: dict[str, Any] = resolve_args(node.args, self._ref_values(node)) \
-                if node.refs else json_copy(node.args, trusted=True)
+                if node.refs or node.literal else json_copy(node.args, trusted=True)
         except LookupError as exc:
             raise NodeInputError(f"node {node.id!r}: {exc}", node_id=node.id) from None
         if node.refs:
