@@ -152,6 +152,48 @@ def test_invalid_json_schema_names_binding_and_location(field: str) -> None:
     assert "schema.properties.a.type" in msg
 
 
+@pytest.mark.parametrize(("schema", "ref", "at"), [
+    ({"$ref": "https://example.com/order.json"}, "https://example.com/order.json",
+     "schema.$ref"),
+    ({"properties": {"a": {"$ref": "#/$defs/missing"}}}, "#/$defs/missing",
+     "schema.properties.a.$ref"),
+    ({"$schema": "http://json-schema.org/draft-07/schema#",
+      "items": [{"$ref": "#/definitions/none"}]}, "#/definitions/none", "schema.items[0].$ref"),
+    ({"$ref": "other.json#/x"}, "other.json#/x", "schema.$ref"),
+], ids=["remote", "dangling-pointer", "draft7-tuple-items", "relative-document"])
+@pytest.mark.parametrize("field", ["input_schema", "output_schema"])
+def test_a_ref_that_does_not_resolve_within_the_schema_is_refused(
+        field: str, schema: dict[str, Any], ref: str, at: str) -> None:
+    # jsonschema would accept it now and fail with an untyped error mid-run, or fetch it.
+    with pytest.raises(ConfigurationError) as info:
+        pure(id="lookup", **{field: schema})
+    assert f"binding 'lookup' {field}" in str(info.value)
+    assert info.value.details == {"ref": ref, "path": at}
+    assert "$defs" in str(info.value)
+
+
+def test_refs_that_resolve_within_the_schema_are_fine() -> None:
+    schema = {
+        "$defs": {"n": {"type": "integer"},
+                  "pair": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/n"}, "b": {"$ref": "#/$defs/pair"},
+                       # a property *named* "$ref" is data, not a reference
+                       "$ref": {"type": "string"}},
+        "enum_holder": {"const": {"$ref": "not-a-reference"}},
+        "$comment": "an embedded resource resolves against its own $id",
+        "allOf": [{"$id": "https://example.com/inner", "$ref": "#/$defs/x",
+                   "$defs": {"x": {}}}]}
+    binding = pure(id="lookup", input_schema=schema)
+    assert binding.input_errors({"a": 1, "b": [2, 3]}) == []
+    assert [e.message for e in binding.input_errors({"a": "x"})] == ["'x' is not of type 'integer'"]
+
+
+def test_program_input_schema_refs_must_resolve() -> None:
+    with pytest.raises(ConfigurationError, match=r"program 'p': input_schema: the \$ref"):
+        program(plan(), input_schema={"$ref": "#/$defs/gone"})
+
+
 def test_invalid_regex_in_schema_rejected() -> None:
     with pytest.raises(ConfigurationError, match="'lookup' input_schema"):
         pure(id="lookup", input_schema={"type": "string", "pattern": "("})
