@@ -370,6 +370,7 @@ class ExecutionGraphRuntime:
         if not reason:
             raise ConfigurationError("cancel needs a reason")
         await self._header(key)
+        self._fresh.pop(key, None)  # a run started from create's state would not see it
         header = await self.store.request_cancel(CancelTaskRequest(key=key, reason=reason,
                                                                    now=self.clock()))
         run = self._active.get(key)

@@ -473,12 +473,19 @@ def acquire_with_steps(header: TaskHeader, nodes: dict[str, NodeRecord],
     """:func:`acquire_lease`, then the request's ``steps`` (if any) under the new fence.
 
     Returns the final header, every journal entry to append (the grant's first), and the
-    steps' :class:`Delta`. ``nodes``/``actions``/``charged`` must hold what
-    ``needs(req.steps)`` names. Raises like either function and changes nothing then.
+    steps' :class:`Delta`. Steps are refused while the task has a cancel request.
+    ``nodes``/``actions``/``charged`` must hold what ``needs(req.steps)`` names. Raises like
+    either function and changes nothing then.
     """
     leased, entry = acquire_lease(header, req)
     if not req.steps:
         return leased, [entry], None
+    if header.cancel is not None:
+        # The steps were computed without seeing the request (it touches only its own
+        # field): refuse them whole; the caller reads the task and applies the cancel.
+        raise InvalidTransitionError(
+            f"task {header.key!r} has a cancel request ({header.cancel.reason}); a first "
+            "commit riding on the lease is refused: take the lease, then apply the cancel")
     delta = apply_commit(leased, nodes, actions, charged, CommitRequest(
         key=req.key, worker_id=req.worker_id, fence=leased.fence, now=req.now,
         steps=req.steps, blobs=req.blobs))

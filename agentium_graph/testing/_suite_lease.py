@@ -121,6 +121,18 @@ class LeaseTests(SuiteBase):
         assert grant.header.status == "canceled" and grant.header.lease is None
         assert grant.header == await store.get_header(KEY)
 
+    async def test_acquire_with_steps_is_refused_while_a_cancel_is_pending(
+            self, store: DurableTaskStore) -> None:
+        await self.create(store)
+        await store.request_cancel(CancelTaskRequest(key=KEY, reason="stop", now=T0))
+        # Steps computed without seeing the cancel must not run: all refused, no lease.
+        await rejected(store, KEY, InvalidTransitionError, store.acquire_lease(
+            AcquireLeaseRequest(key=KEY, worker_id=W1, ttl_seconds=30, now=T0, steps=(
+                StartAttempt(node_id="n0", attempt_id="att-1"),))))
+        grant = await store.acquire_lease(AcquireLeaseRequest(
+            key=KEY, worker_id=W1, ttl_seconds=30, now=T0))  # a plain acquire still works
+        assert grant.fence == 1 and grant.header.cancel is not None
+
     async def test_acquire_with_a_refused_step_takes_no_lease_and_writes_nothing(
             self, store: DurableTaskStore) -> None:
         await self.create(store, limits={"tool_calls": 5})

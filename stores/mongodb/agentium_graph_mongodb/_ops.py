@@ -308,6 +308,10 @@ class Session:
             # Renewals do not move header.seq: guard on the expiry this decision saw.
             guard = {"header.lease": None} if lease is None else {
                 "header.lease.expires_at": lease["expires_at"]}
+            if delta is not None:
+                # A cancel request does not move seq either, and steps are refused while
+                # one is pending: the CAS must miss if one arrived after this read.
+                guard["header.cancel"] = None
             sets = changed_header_fields(doc.header, header_doc(header))
             if delta is not None:
                 sets.update(_record_sets(delta))

@@ -9,6 +9,7 @@ import os
 import queue
 import sqlite3
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,8 +96,12 @@ class _Worker:
     def __init__(self, name: str) -> None:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._stopping = False
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        # The thread holds only the queue, never this object: a store dropped without
+        # close() is collected, and its finalizer ends the thread.
+        self._thread = threading.Thread(target=_serve, args=(self._jobs,), name=name,
+                                        daemon=True)
         self._thread.start()
+        weakref.finalize(self, self._jobs.put, None)
 
     def submit(self, call: Callable[[], T]) -> asyncio.Future[T]:
         if self._stopping:
@@ -111,21 +116,24 @@ class _Worker:
         self._stopping = True
         self._jobs.put(None)
 
-    def _main(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            call, loop, future = job
-            result: Any = None
-            error: BaseException | None = None
-            try:
-                result = call()
-            except BaseException as exc:  # delivered to the awaiting coroutine
-                error = exc
-            with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting
-                loop.call_soon_threadsafe(_settle, future, result, error)
-            del job, call, future, result, error
+
+
+def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
+    """The worker thread: run queued calls in order until the stop signal (None)."""
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        call, loop, future = job
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = call()
+        except BaseException as exc:  # delivered to the awaiting coroutine
+            error = exc
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting
+            loop.call_soon_threadsafe(_settle, future, result, error)
+        del job, call, future, result, error
 
 
 class SQLiteDurableTaskStore:
