@@ -18,7 +18,7 @@ from pydantic import (
 )
 
 from agentium_graph._canonical import NotJSONError, digest, json_copy
-from agentium_graph._schemarefs import check_refs
+from agentium_graph._schemarefs import check_refs, local_registry
 from agentium_graph.errors import ConfigurationError, config_error
 
 
@@ -98,7 +98,7 @@ class ExecutionGraphProgram(BaseModel):
                     f"{exc.message} at {exc.json_path.replace('$', 'input_schema', 1)}; fix "
                     "the schema") from None
             check_refs(self.input_schema, cls, f"program {self.id!r}: input_schema")
-            self._input_validator = cls(self.input_schema)
+            self._input_validator = cls(self.input_schema, registry=local_registry())
 
     @property
     def input_validator(self) -> Validator | None:

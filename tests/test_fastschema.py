@@ -131,8 +131,8 @@ def _harvested() -> list[dict[str, Any]]:
     files = [*sorted((ROOT / "bench").glob("*.py")), *sorted((ROOT / "examples").glob("*.py")),
              *sorted((ROOT / "tests").glob("*.py"))]
     for path in files:
-        if path.name == Path(__file__).name:
-            continue
+        if path.name in (Path(__file__).name, "test_literal_and_schema_refs.py"):
+            continue  # this file, and a corpus of deliberately odd schemas
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if not isinstance(node, ast.Dict):
                 continue

@@ -767,7 +767,7 @@ def test_a_literal_with_other_keys_is_named() -> None:
 def test_literal_values_are_checked_against_the_input_schema_as_written() -> None:
     # What the tool receives is the unwrapped value: a literal string is not a number.
     p = plan(node("w", "writer", args={"price": {"$literal": "12"}}))
-    assert problems(p) == [("args_invalid", "$.nodes[0].args.price", "w")]
+    assert problems(p) == [("args_invalid", "$.nodes[0].args.price.$literal", "w")]
     assert ok(plan(node("w", "writer", args={"price": {"$literal": 12}}))).nodes["w"].literal
 
 

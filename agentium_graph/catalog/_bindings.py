@@ -23,7 +23,7 @@ from pydantic import (
 from agentium_graph._canonical import NotJSONError, check_json, json_copy
 from agentium_graph._fastschema import Predicate, compile_fast
 from agentium_graph._program import ExecutionGraphProgram
-from agentium_graph._schemarefs import check_refs
+from agentium_graph._schemarefs import check_refs, local_registry
 from agentium_graph.errors import ConfigurationError, config_error
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ def _compile(schema: Mapping[str, Any], where: str) -> tuple[Validator, Predicat
             f"{exc.json_path.replace('$', 'schema', 1)}; fix the schema") from None
     check_refs(own, cls, where)
     # The validator owns a private copy, so nothing outside can change what it checks.
-    validator: Validator = cls(own)
+    validator: Validator = cls(own, registry=local_registry())
     # Built from the validator's own copy and format checker, so both decide alike (an
     # unknown checker counts as asserting, which leaves "format" to jsonschema).
     checker = getattr(validator, "format_checker", validator)

@@ -161,9 +161,12 @@ def unwrap_literals(value: Any) -> Any:
 
 def iter_literals(value: Any, where: tuple[str | int, ...] = ()) -> Iterator[
         tuple[tuple[str | int, ...], dict[str, Any]]]:
-    """Yield ``(arg_path, wrapper)`` for every ``$literal`` wrapper outside other wrappers."""
+    """Yield ``(arg_path, wrapper)`` for every ``$literal`` wrapper outside other wrappers
+    and outside references."""
     if is_literal(value):
         yield where, value
+    elif is_ref(value):
+        return
     elif isinstance(value, dict):
         for k, v in value.items():
             yield from iter_literals(v, (*where, k))
@@ -480,6 +483,10 @@ def _check_dependencies(node: dict[str, Any], where: str, nid: str, binding: Bin
             diags.add(json_path(arg_path, f"{where}.args"), "bad_literal",
                       f'a $literal object must have no other keys (found {extra}); write '
                       '{"$literal": <value>} and put everything inside <value>', nid)
+        elif not arg_path and not isinstance(wrapper[LITERAL], dict):
+            diags.add(f"{where}.args", "bad_literal",
+                      "args must be an object; a $literal standing for the whole args must "
+                      f"hold an object, not {type(wrapper[LITERAL]).__name__}", nid)
     for arg_path, body in iter_refs(args):
         rwhere = json_path(arg_path, f"{where}.args")
         ref = _parse_ref(body, rwhere, nid, diags)
@@ -544,11 +551,22 @@ def _check_ref_path(r: Ref, i: int, nid: str, producer: Binding | None, catalog:
 
 def _check_args(args: dict[str, Any], where: str, nid: str, binding: Binding,
                 ref_paths: list[tuple[str | int, ...]], diags: _Collector) -> None:
-    """Args are checked now as far as they are static; the rest after resolution."""
-    args = unwrap_literals(args)  # what the tool will receive, references still in place
-    for err in binding.input_errors(args):
+    """Args are checked now as far as they are static; the rest after resolution.
+
+    The input schema sees what the tool will receive (literals unwrapped, references still
+    in place); an error inside a literal is reported at its place in the plan. The host's
+    ``validate_template`` sees the args as written, so it can tell literal data from a
+    reference.
+    """
+    literals = [p for p, _ in iter_literals(args)]
+    for err in binding.input_errors(unwrap_literals(args)):
         if _static_verdict(err, ref_paths):
-            diags.add(json_path(err.absolute_path, where), "args_invalid",
+            at = tuple(err.absolute_path)
+            for lit in literals:
+                if at[:len(lit)] == lit:
+                    at = (*lit, LITERAL, *at[len(lit):])
+                    break
+            diags.add(json_path(at, where), "args_invalid",
                       f"args violate {binding.id!r} input schema: {err.message}", nid)
     if binding.validate_template is not None:
         try:

@@ -11,8 +11,10 @@ from collections.abc import Callable
 from datetime import datetime
 
 from jsonschema import Draft202012Validator
+from jsonschema.validators import validator_for
 
 from agentium_graph._canonical import NotJSONError, canonical_json, check_json, digest_text
+from agentium_graph._schemarefs import local_registry
 from agentium_graph.connectors import Absent, ActionOutcome
 from agentium_graph.errors import (
     ConfigurationError,
@@ -123,8 +125,9 @@ def _checked_output(key: str, action: ActionRecord, outcome: ActionOutcome,
         pinned = identity.descriptors.get(f"{origin.get('binding')}@"
                                           f"{origin.get('binding_version')}")
         if pinned is not None:
-            errors = list(Draft202012Validator(pinned["output_schema"]).iter_errors(
-                outcome.output))
+            schema = pinned["output_schema"]
+            cls = validator_for(schema, default=Draft202012Validator)  # the pinned draft
+            errors = list(cls(schema, registry=local_registry()).iter_errors(outcome.output))
             if errors:
                 raise ConfigurationError(
                     f"task {key!r}: resolution output violates the output schema of "
