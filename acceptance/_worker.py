@@ -52,7 +52,7 @@ def die() -> None:
 class KillSwitch:
     """Wraps a store; SIGKILLs the process at one journal boundary.
 
-    ``point``: after_lease | before_start_commit | after_start_commit |
+    ``point``: before_lease | after_lease | before_start_commit | after_start_commit |
     before_completion_commit | after_completion_commit | during_renewal |
     after_model_response | after_repeat_guard | none.
     ``node``: which node's start/completion commit triggers it.
@@ -93,6 +93,8 @@ class KillSwitch:
         return result
 
     async def acquire_lease(self, request: AcquireLeaseRequest) -> LeaseGrant:
+        if self.point == "before_lease":
+            die()
         grant = await self.inner.acquire_lease(request)
         if self.point == "after_lease":
             die()

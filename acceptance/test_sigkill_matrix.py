@@ -69,6 +69,7 @@ async def check_recovery(case: Case, store: DurableTaskStore, before: TaskSnapsh
 
 
 @pytest.mark.parametrize("point, node, reran", [
+    ("before_lease", None, []),
     ("after_lease", None, []),
     ("before_start_commit", "b", ["a"]),  # a's completion shares b's start commit
     ("after_start_commit", "b", []),
@@ -82,6 +83,14 @@ async def test_kill_at_store_boundary(case: Case, store_of: DurableTaskStore, po
                                       node: str | None, reran: list[str]) -> None:
     case.run_killed(create=True, kill_at=point, node=node)
     before = await snapshot(store_of, case.key)
+    if point == "before_lease":
+        assert before.header.fence == 0 and before.header.lease is None
+        assert all(n.state == "pending" for n in before.nodes.values())
+    if point == "after_lease":
+        # The worker created the task itself, so its first wave rode on the lease: one
+        # durable write holds the grant and a's start, and a's tool never ran.
+        assert before.header.fence == 1 and before.nodes["a"].state == "running"
+        assert before.nodes["a"].attempts[-1].fence == 1 and case.starts("a") == 0
     if point == "after_start_commit":
         assert before.nodes["b"].state == "running" and case.starts("b") == 0
     if point == "after_completion_commit":
