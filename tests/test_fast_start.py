@@ -128,3 +128,23 @@ async def test_a_store_that_ignores_first_commit_steps_still_records_every_attem
     view = await rt.inspect("c")
     assert all(len(n.attempts) == 1 for n in view.nodes.values())
     assert view.counters["work_attempts"] == 2
+
+
+async def test_remembered_tasks_are_bounded_and_forgetting_one_only_costs_reads(
+        calls: Calls, store: CountingStore) -> None:
+    from agentium_graph.runtime import _runtime as runtime_module
+
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store)
+    limit = runtime_module._REMEMBERED_TASKS
+    for i in range(limit + 5):
+        await rt.create(f"t{i}", program(chain_plan(1)))
+    assert len(rt._fresh) == limit and len(rt._identities) == limit
+    assert rt._fresh_nodes == limit  # one node each
+    store.reads.clear()
+    result = await rt.run("t0", "w1")  # forgotten: read, then an ordinary start
+    assert result.output["n0"] == {"value": 1}
+    assert store.reads[:2] == ["get_header", "get_identity"]
+    store.reads.clear()
+    await rt.run(f"t{limit + 4}", "w1")  # remembered: no reads at all
+    assert store.reads == []
+    assert rt._fresh_nodes == limit - 1

@@ -83,6 +83,10 @@ log = logging.getLogger("agentium_graph.runtime")
 T = TypeVar("T")
 
 _CURSOR_PREFIX = "agt1:"
+# How much a runtime remembers of tasks it created (identities; header and nodes as written)
+# so that running them right after costs no reads: a bounded convenience, never required.
+_REMEMBERED_TASKS = 256
+_REMEMBERED_NODES = 20_000
 
 
 class TimelinePage(BaseModel):
@@ -147,7 +151,10 @@ class ExecutionGraphRuntime:
         # once created, and a run checks the digest against the header before using one.
         self._identities: dict[str, tuple[str, TaskIdentity]] = {}
         # Tasks created here and not run yet: their header and node records as written.
+        # Bounded by tasks and by node records held, so creating many large tasks that
+        # are run elsewhere (or never) does not grow memory.
         self._fresh: dict[str, tuple[TaskHeader, tuple[NodeRecord, ...]]] = {}
+        self._fresh_nodes = 0
 
     # --- create ---------------------------------------------------------------------
     async def create(self, key: str, program: ExecutionGraphProgram, *, input: Any = None,
@@ -214,9 +221,7 @@ class ExecutionGraphRuntime:
             return await self.inspect(key)  # a re-delivery: show what is stored
         self._remember_identity(identity_digest, identity)
         # What was just written is the whole state a first run starts from.
-        if len(self._fresh) >= 1024:
-            self._fresh.pop(next(iter(self._fresh)))
-        self._fresh[key] = (created.header, nodes)
+        self._remember_fresh(key, created.header, nodes)
         snapshot = TaskSnapshot(header=created.header, nodes={n.node_id: n for n in nodes},
                                 actions={})
         return await build_view(self.store, snapshot, identity, identity_digest=identity_digest)
@@ -247,6 +252,8 @@ class ExecutionGraphRuntime:
         if not worker_id:
             raise ConfigurationError("worker_id must be a non-empty string")
         fresh = self._fresh.pop(key, None)
+        if fresh is not None:
+            self._fresh_nodes -= len(fresh[1])
         if fresh is not None:
             result = await self._run_fresh(key, worker_id, fresh)
             if result is not None:
@@ -370,7 +377,7 @@ class ExecutionGraphRuntime:
         if not reason:
             raise ConfigurationError("cancel needs a reason")
         await self._header(key)
-        self._fresh.pop(key, None)  # a run started from create's state would not see it
+        self._forget_fresh(key)  # a run started from create's state would not see it
         header = await self.store.request_cancel(CancelTaskRequest(key=key, reason=reason,
                                                                    now=self.clock()))
         run = self._active.get(key)
@@ -463,9 +470,25 @@ class ExecutionGraphRuntime:
         return identity
 
     def _remember_identity(self, identity_digest: str, identity: TaskIdentity) -> None:
-        if len(self._identities) >= 1024 and identity.key not in self._identities:
+        if len(self._identities) >= _REMEMBERED_TASKS and identity.key not in self._identities:
             self._identities.pop(next(iter(self._identities)))
         self._identities[identity.key] = (identity_digest, identity)
+
+    def _remember_fresh(self, key: str, header: TaskHeader,
+                        nodes: tuple[NodeRecord, ...]) -> None:
+        self._forget_fresh(key)
+        if len(nodes) > _REMEMBERED_NODES:
+            return
+        while self._fresh and (len(self._fresh) >= _REMEMBERED_TASKS or
+                               self._fresh_nodes + len(nodes) > _REMEMBERED_NODES):
+            self._forget_fresh(next(iter(self._fresh)))
+        self._fresh[key] = (header, nodes)
+        self._fresh_nodes += len(nodes)
+
+    def _forget_fresh(self, key: str) -> None:
+        dropped = self._fresh.pop(key, None)
+        if dropped is not None:
+            self._fresh_nodes -= len(dropped[1])
 
     def _check_descriptors(self, identity: TaskIdentity) -> None:
         for name, pinned in sorted(identity.descriptors.items()):
