@@ -241,9 +241,22 @@ class LocalServer(MongoServer):
         self._signal(signal.SIGKILL)
 
     def pause(self) -> None:
-        """SIGSTOP: the server stalls with its connections open."""
-        if self.process is not None:
-            self.process.send_signal(signal.SIGSTOP)
+        """SIGSTOP: the server stalls with its connections open. Returns once the kernel
+        reports the process stopped (on Linux), so a request sent next cannot be answered."""
+        if self.process is None:
+            return
+        self.process.send_signal(signal.SIGSTOP)
+        stat = Path(f"/proc/{self.process.pid}/stat")
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            try:
+                # The state is the field after the parenthesized command name.
+                state = stat.read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                return  # no procfs here: the signal is all we can do
+            if state in ("T", "t"):
+                return
+            time.sleep(0.005)
 
     def resume(self) -> None:
         if self.process is not None:
