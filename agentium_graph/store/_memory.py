@@ -62,12 +62,6 @@ class _Row:
     journal: list[str] = field(default_factory=list)
 
 
-def _result(delta: Delta) -> CommitResult:
-    return CommitResult(header=delta.header, nodes=delta.nodes, actions=delta.actions,
-                        journal=tuple(delta.journal), charged=tuple(delta.charges),
-                        already_charged=tuple(delta.already_charged))
-
-
 class InMemoryDurableTaskStore:
     """A process-local store. ``capabilities.durable`` is False: it cannot survive a crash."""
 
@@ -153,7 +147,7 @@ class InMemoryDurableTaskStore:
         self._persist(row, header, journal, delta, request.blobs)
         snapshot = self._snapshot(row) if request.snapshot else None
         return LeaseGrant(fence=header.fence, expires_at=lease_expiry(request), header=header,
-                          snapshot=snapshot, commit=None if delta is None else _result(delta))
+                          snapshot=snapshot, commit=None if delta is None else delta.result())
 
     async def renew_lease(self, request: RenewLeaseRequest) -> LeaseStatus:
         await asyncio.sleep(0)
@@ -188,7 +182,7 @@ class InMemoryDurableTaskStore:
         delta = apply_commit(TaskHeader.model_validate_json(row.header), nodes, actions,
                              charged, request)
         self._persist(row, delta.header, delta.journal, delta, request.blobs)
-        return _result(delta)
+        return delta.result()
 
     @staticmethod
     def _loaded(row: _Row, need: Needs) -> tuple[dict[str, NodeRecord],

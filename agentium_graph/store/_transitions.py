@@ -39,6 +39,7 @@ from agentium_graph.store._requests import (
     Charge,
     ClaimNode,
     CommitRequest,
+    CommitResult,
     CommitRevision,
     CreateTaskRequest,
     PrepareNode,
@@ -104,6 +105,14 @@ class Delta:
     charges: dict[str, dict[str, int]] = field(default_factory=dict)  # new admission ids
     already_charged: list[str] = field(default_factory=list)
     journal: list[JournalEntry] = field(default_factory=list)
+
+    def result(self, header: TaskHeader | None = None) -> CommitResult:
+        """What a store returns for this delta; ``header``: the stored post-image when the
+        store reads one back (else the delta's own)."""
+        return CommitResult(header=header or self.header, nodes=self.nodes,
+                            actions=self.actions, journal=tuple(self.journal),
+                            charged=tuple(self.charges),
+                            already_charged=tuple(self.already_charged))
 
 
 def needs(steps: Iterable[Step]) -> Needs:
@@ -452,7 +461,7 @@ def acquire_lease(header: TaskHeader,
     if lease is not None and lease.owner != req.worker_id and lease.expires_at > req.now:
         raise LeaseHeldError(header.key, lease.owner, lease.expires_at)
     fence = header.fence + 1
-    expires = _plus(req.now, req.ttl_seconds)
+    expires = lease_expiry(req)
     data: dict[str, object] = {"worker_id": req.worker_id}
     if lease is not None:
         data["previous_owner"] = lease.owner

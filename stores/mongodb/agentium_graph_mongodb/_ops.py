@@ -336,7 +336,7 @@ class Session:
             delta = apply_commit(doc.parsed_header(), nodes, actions, charged, request)
             sets = changed_header_fields(doc.header, header_doc(delta.header))
             sets.update(_record_sets(delta))
-            return _Plan(sets=sets, finish=functools.partial(_commit_result, delta=delta),
+            return _Plan(sets=sets, finish=delta.result,
                          journal=delta.journal, blobs=dict(request.blobs))
         return await self._transition("commit", request.key, decide)
 
@@ -639,12 +639,6 @@ def _record_sets(delta: Delta) -> dict[str, Any]:
     return sets
 
 
-def _commit_result(post: TaskHeader, delta: Delta) -> CommitResult:
-    return CommitResult(header=post, nodes=delta.nodes, actions=delta.actions,
-                        journal=tuple(delta.journal), charged=tuple(delta.charges),
-                        already_charged=tuple(delta.already_charged))
-
-
 def _grant(post: TaskHeader, expires_at: datetime, doc: TaskDoc | None = None,
            delta: Delta | None = None) -> LeaseGrant:
     """The grant; with ``doc`` (the document the CAS was decided on) also the snapshot,
@@ -667,4 +661,4 @@ def _grant(post: TaskHeader, expires_at: datetime, doc: TaskDoc | None = None,
                 actions[a.action_id] = ActionRecord.model_validate_json(a.model_dump_json())
         snapshot = TaskSnapshot(header=post, nodes=nodes, actions=actions)
     return LeaseGrant(fence=post.fence, expires_at=expires_at, header=post, snapshot=snapshot,
-                      commit=None if delta is None else _commit_result(post, delta))
+                      commit=None if delta is None else delta.result(post))

@@ -225,7 +225,7 @@ def acquire(conn: sqlite3.Connection, request: AcquireLeaseRequest) -> Outcome[L
         snapshot = _snapshot(conn, header) if request.snapshot else None
         return LeaseGrant(fence=header.fence, expires_at=lease_expiry(request),
                           header=header, snapshot=snapshot,
-                          commit=None if delta is None else _result(delta)), True
+                          commit=None if delta is None else delta.result()), True
     return write_txn(conn, body)
 
 
@@ -269,7 +269,7 @@ def commit(conn: sqlite3.Connection, request: CommitRequest) -> Outcome[CommitRe
         _write_delta(w, key, delta, request.blobs, nodes, actions)
         w.journal(key, delta.journal)
         w.header(delta.header, header)
-        return _result(delta), True
+        return delta.result(), True
     return write_txn(conn, body)
 
 
@@ -305,31 +305,21 @@ def _upsert(w: Writer, table: str, column: str, key: str, existing: Mapping[str,
             texts: dict[str, str], *, slot: int = 0) -> None:
     """UPDATE the rows in ``existing``, INSERT the others. With ``slot``, each row gets
     zero-filled slack up to ``slot`` bytes (the table has a ``slack`` column)."""
-    if slot:
-        update = f"UPDATE {table} SET record = ?, slack = zeroblob(?) WHERE key = ? AND " \
-                 f"{column} = ?"
-        insert = f"INSERT INTO {table} (key, {column}, record, slack) VALUES (?, ?, ?, " \
-                 "zeroblob(?))"
-        w.many(update, [(t, _slack(t, slot), key, i) for i, t in texts.items()
-                        if i in existing], text_columns=1)
-        w.many(insert, [(key, i, t, _slack(t, slot)) for i, t in texts.items()
-                        if i not in existing])
-        return
-    w.many(f"UPDATE {table} SET record = ? WHERE key = ? AND {column} = ?",
-           [(t, key, i) for i, t in texts.items() if i in existing], text_columns=1)
-    w.many(f"INSERT INTO {table} (key, {column}, record) VALUES (?, ?, ?)",
-           [(key, i, t) for i, t in texts.items() if i not in existing])
+    def pad(text: str) -> tuple[int, ...]:
+        return (_slack(text, slot),) if slot else ()
+
+    set_slack, slack_column, slack_value = \
+        (", slack = zeroblob(?)", ", slack", ", zeroblob(?)") if slot else ("", "", "")
+    w.many(f"UPDATE {table} SET record = ?{set_slack} WHERE key = ? AND {column} = ?",
+           [(t, *pad(t), key, i) for i, t in texts.items() if i in existing], text_columns=1)
+    w.many(f"INSERT INTO {table} (key, {column}, record{slack_column}) VALUES "
+           f"(?, ?, ?{slack_value})",
+           [(key, i, t, *pad(t)) for i, t in texts.items() if i not in existing])
 
 
 def _slack(text: str, slot: int) -> int:
     size = len(text) if text.isascii() else len(text.encode())
     return max(0, slot - size)
-
-
-def _result(delta: Delta) -> CommitResult:
-    return CommitResult(header=delta.header, nodes=delta.nodes, actions=delta.actions,
-                        journal=tuple(delta.journal), charged=tuple(delta.charges),
-                        already_charged=tuple(delta.already_charged))
 
 
 # --- reads -------------------------------------------------------------------------------
