@@ -42,6 +42,18 @@ class AdmissionController:
         self._on_event = on_event
         self._active = 0
         self._queue: deque[Ticket] = deque()
+        self._held: list[AdmissionEvent] | None = None  # events not reported yet
+
+    def hold_events(self) -> None:
+        """Keep events back until :meth:`release_events` (a start that may be refused)."""
+        if self._held is None:
+            self._held = []
+
+    def release_events(self) -> None:
+        """Report every held event, in order, and report new ones at once from now on."""
+        held, self._held = self._held or [], None
+        for event in held:
+            self._report(event)
 
     @property
     def active(self) -> int:
@@ -60,10 +72,17 @@ class AdmissionController:
                                admission_id=admission_id, active=self._active,
                                queued=len(self._queue), capacity=self.capacity,
                                at=self._clock(), reason=reason, counter=counter)
+        if self._held is not None:
+            self._held.append(event)
+        else:
+            self._report(event)
+
+    def _report(self, event: AdmissionEvent) -> None:
+        assert self._on_event is not None
         try:
             self._on_event(event)
         except Exception:  # an observer must never break admission
-            log.exception("on_admission callback failed for %s", kind)
+            log.exception("on_admission callback failed for %s", event.kind)
 
     def request(self, node_id: str | None) -> Ticket:
         """Join the FIFO queue; the ticket is granted at once when a permit is free."""

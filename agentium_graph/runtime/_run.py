@@ -50,7 +50,7 @@ from agentium_graph.runtime._context import ToolContext, reset_context, set_cont
 from agentium_graph.runtime._graph import FlatGraph, NodeSpec
 from agentium_graph.runtime._outcome import Outcome, check_output, node_error, schema_error
 from agentium_graph.runtime._states import RESTARTABLE
-from agentium_graph.runtime._views import AdmissionEvent, TaskResult
+from agentium_graph.runtime._views import TaskResult
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import ActionRecord, NodeRecord, TaskHeader, TaskIdentity
 from agentium_graph.store._requests import (
@@ -150,12 +150,11 @@ class TaskRun:
         self.container_args: dict[str, dict[str, Any]] = {}
         self.task_input = state.identity.input
         capacity = runtime.limits_for(state.header).max_concurrent_work
-        # Until a fast start's first write is accepted, admission events are held back: a
-        # refused start never ran anything, and the ordinary start reports its own.
-        self._held_events: list[AdmissionEvent] | None = [] if acquire is not None else None
-        self.admission = AdmissionController(
-            key, capacity, self.clock,
-            None if runtime.on_admission is None else self._on_admission)
+        self.admission = AdmissionController(key, capacity, self.clock, runtime.on_admission)
+        if acquire is not None:
+            # Until a fast start's first write is accepted, admission events are held back:
+            # a refused start never ran anything, and the ordinary start reports its own.
+            self.admission.hold_events()
         self.running: dict[str, _Running] = {}
         self.ready: dict[str, _Ready] = {}
         self.finished: list[tuple[str, Outcome]] = []
@@ -627,20 +626,6 @@ class TaskRun:
         self.nodes.update(result.nodes)
         self.actions.update(result.actions)
 
-    def _on_admission(self, event: AdmissionEvent) -> None:
-        if self._held_events is not None:
-            self._held_events.append(event)
-        elif self.rt.on_admission is not None:
-            self.rt.on_admission(event)
-
-    def _release_held_events(self) -> None:
-        held, self._held_events = self._held_events or [], None
-        for event in held:
-            try:
-                self._on_admission(event)
-            except Exception:  # an observer must never break admission
-                log.exception("on_admission callback failed for %s", event.kind)
-
     async def _acquire_with(self, steps: list[Step], blobs: dict[str, str]) -> None:
         """Take the lease with this first turn's steps in one atomic write."""
         pending = self.pending_acquire
@@ -670,10 +655,10 @@ class TaskRun:
             if grant.fence != expected or grant.header.cancel is not None:
                 raise FastStartRefused(f"fence {grant.fence} (expected {expected}), cancel "
                                        f"{grant.header.cancel is not None}")
-            self._release_held_events()
+            self.admission.release_events()
             await self._commit(steps, blobs)
             return
-        self._release_held_events()
+        self.admission.release_events()
         if grant.header.cancel is not None:
             self.request_cancel(grant.header.cancel.reason)
 

@@ -86,6 +86,10 @@ _CURSOR_PREFIX = "agt1:"
 # How much a runtime remembers of tasks it created (identities; header and nodes as written)
 # so that running them right after costs no reads: a bounded convenience, never required.
 _REMEMBERED_TASKS = 256
+# How a run ends on purpose: the lease was released with the final status, or is no longer
+# ours. Anything else leaves our lease behind, so it is released before re-raising.
+_RUN_OUTCOMES = (StaleFenceError, TaskCanceledError, DeadlineExceededError, NodeFailedError,
+                 DurableRecoveryRequiredError)
 _REMEMBERED_NODES = 20_000
 
 
@@ -251,9 +255,7 @@ class ExecutionGraphRuntime:
         _check_key(key)
         if not worker_id:
             raise ConfigurationError("worker_id must be a non-empty string")
-        fresh = self._fresh.pop(key, None)
-        if fresh is not None:
-            self._fresh_nodes -= len(fresh[1])
+        fresh = self._forget_fresh(key)
         if fresh is not None:
             result = await self._run_fresh(key, worker_id, fresh)
             if result is not None:
@@ -281,8 +283,7 @@ class ExecutionGraphRuntime:
                 return await run.execute()
             finally:
                 self._active.pop(key, None)
-        except (StaleFenceError, TaskCanceledError, DeadlineExceededError, NodeFailedError,
-                DurableRecoveryRequiredError):
+        except _RUN_OUTCOMES:
             raise
         except BaseException:
             await self._release_quietly(key, worker_id, grant)
@@ -313,8 +314,7 @@ class ExecutionGraphRuntime:
             if run.pending_acquire is None:  # the lease was taken on its own first
                 await self._release_quietly(key, worker_id, run.fence)
             return None
-        except (StaleFenceError, TaskCanceledError, DeadlineExceededError, NodeFailedError,
-                DurableRecoveryRequiredError):
+        except _RUN_OUTCOMES:
             raise
         except BaseException:
             if run.pending_acquire is None:
@@ -485,10 +485,12 @@ class ExecutionGraphRuntime:
         self._fresh[key] = (header, nodes)
         self._fresh_nodes += len(nodes)
 
-    def _forget_fresh(self, key: str) -> None:
+    def _forget_fresh(self, key: str) -> tuple[TaskHeader, tuple[NodeRecord, ...]] | None:
+        """Drop what is remembered of ``key`` and return it (None if nothing was)."""
         dropped = self._fresh.pop(key, None)
         if dropped is not None:
             self._fresh_nodes -= len(dropped[1])
+        return dropped
 
     def _check_descriptors(self, identity: TaskIdentity) -> None:
         for name, pinned in sorted(identity.descriptors.items()):
