@@ -54,6 +54,32 @@ class PlannerConfig(BaseModel):
     mode: Literal["complete", "stream"] = "complete"
     stream: StreamLimits = StreamLimits()
 
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise config_error("PlannerConfig", data, exc) from None
+
+    @model_validator(mode="after")
+    def _provider_shape(self) -> PlannerConfig:
+        method = "stream" if self.mode == "stream" else "complete"
+        if not callable(getattr(self.provider, method, None)):
+            raise ValueError(f"provider {type(self.provider).__name__} has no {method}() "
+                             f"method; mode={self.mode!r} needs a ModelProvider")
+        for name in ("id", "version"):
+            if not isinstance(getattr(self.provider, name, None), str):
+                raise ValueError(f"provider {type(self.provider).__name__} needs a string "
+                                 f"{name!r}: it is part of what a recorded plan means")
+        return self
+
+    def descriptor(self) -> dict[str, Any]:
+        """Plain JSON that identifies the planner (its provider by id and version)."""
+        return {"mode": self.mode, "host_instructions": digest(self.host_instructions),
+                "max_corrections": self.max_corrections,
+                "max_output_tokens": self.max_output_tokens,
+                "provider": {"id": self.provider.id, "version": self.provider.version},
+                "stream": self.stream.model_dump()}
+
 
 class ExecutionGraphProgram(BaseModel):
     """A versioned program: exactly one of a static JSON ``plan`` or a ``planner``.
@@ -117,12 +143,7 @@ class ExecutionGraphProgram(BaseModel):
             "id": self.id,
             "version": self.version,
             "plan_digest": digest(self.plan) if self.plan is not None else None,
-            "planner": None if self.planner is None else {
-                "mode": self.planner.mode,
-                "host_instructions": digest(self.planner.host_instructions),
-                "max_corrections": self.planner.max_corrections,
-                "max_output_tokens": self.planner.max_output_tokens,
-            },
+            "planner": None if self.planner is None else self.planner.descriptor(),
             "limits": self.limits.model_dump(),
             "input_schema": self.input_schema,
         }

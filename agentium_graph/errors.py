@@ -275,6 +275,13 @@ class DataIntegrityError(AgentiumGraphError):
     code = "data_integrity"
 
 
+class PlannerFailedError(AgentiumGraphError):
+    """A planner program's provider failed (not its proposals: those raise
+    :class:`PlanValidationError` once corrections are exhausted)."""
+
+    code = "planner_failed"
+
+
 class StoreError(AgentiumGraphError):
     code = "store_error"
 

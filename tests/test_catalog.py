@@ -23,6 +23,7 @@ from agentium_graph import (
     ToolBinding,
     Unknown,
 )
+from agentium_graph.providers import ScriptedProvider
 
 
 def echo(args: dict[str, Any]) -> dict[str, Any]:
@@ -391,7 +392,7 @@ def test_program_needs_a_plan_or_planner(kw: dict[str, Any]) -> None:
 
 
 def test_program_rejects_plan_and_planner_together() -> None:
-    planner = PlannerConfig(provider=object(), host_instructions="plan")
+    planner = PlannerConfig(provider=ScriptedProvider([]), host_instructions="plan")
     with pytest.raises(ConfigurationError, match="exactly one of plan"):
         ExecutionGraphProgram(id="p", version="1", plan=plan(), planner=planner)
     assert ExecutionGraphProgram(id="p", version="1", planner=planner).plan is None

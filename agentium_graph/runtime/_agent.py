@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from agentium_graph.runtime._run import TaskRun
 
 MODEL_KIND = "model_response"
+PLANNER_KIND = "planner_response"
 STREAM_ATTEMPTS = 2  # an incomplete stream is asked again once before the node fails
 TOOL_KIND = "agent_tool_result"
 
@@ -61,6 +63,9 @@ class AgentRecords:
     tools: dict[tuple[str, str], str] = field(default_factory=dict)      # (node, call) -> blob
 
     def add(self, kind: str, node_id: str | None, data: dict[str, Any]) -> None:
+        if kind == PLANNER_KIND:  # the task's planner: no node
+            self.responses[("", str(data["request_digest"]))] = str(data["digest"])
+            return
         if node_id is None:
             return
         if kind == MODEL_KIND:
@@ -130,23 +135,61 @@ def _tool_bindings(run: TaskRun, spec: NodeSpec, names: tuple[str, ...]
     return found
 
 
-async def _model_call(run: TaskRun, spec: NodeSpec, incarnation: str, agent: Any,
-                      request: ModelRequest) -> ModelResponse:
+@dataclass(frozen=True, slots=True)
+class ModelCaller:
+    """Who makes a model call: its node (``None`` for the task's planner), the incarnation
+    its admission ids derive from, how the provider is called, and the journal kind its
+    responses are recorded under."""
+
+    node_id: str | None
+    incarnation: str
+    provider: Any
+    stream: bool
+    timeout: float
+    journal_kind: str = MODEL_KIND
+
+
+@dataclass(slots=True)
+class Fetched:
+    """A model response; ``steps``/``blobs`` journal it (empty when it was replayed)."""
+
+    response: ModelResponse
+    request_digest: str
+    response_digest: str
+    steps: list[Any]
+    blobs: dict[str, str]
+
+    @property
+    def replayed(self) -> bool:
+        return not self.steps
+
+
+async def fetch_response(run: TaskRun, caller: ModelCaller, request: ModelRequest,
+                         damaged: Callable[[str], Exception]) -> Fetched:
+    """The response to ``request``: replayed from the journal, or asked of the provider
+    under a charged admission (then returned with the steps that journal it)."""
     req_digest = request.digest()
-    recorded = run.agent_records.responses.get((spec.id, req_digest))
+    owner = caller.node_id or ""
+    recorded = run.agent_records.responses.get((owner, req_digest))
     if recorded is not None:
-        return ModelResponse.model_validate_json(await _blob(run, recorded, spec))
+        blobs = await read_verified(run.store, [recorded])
+        problem = blobs.problem(recorded)
+        if problem is not None:
+            raise damaged(f"journaled model response {recorded} is {problem}; the store was "
+                          "modified")
+        return Fetched(ModelResponse.model_validate_json(blobs.texts[recorded]), req_digest,
+                       recorded, [], {})
     reserve_out = request.max_output_tokens or 0
     estimate_in = math.ceil(len(canonical_json(request.model_dump(mode="json"))) / 4)
     for attempt in range(STREAM_ATTEMPTS):
         # One provider invocation = one work attempt; an interrupted one stays charged.
-        adm = admission_id(incarnation, f"model:{req_digest}:{run.fence}:{attempt}")
-        ticket = await run.admission.acquire(spec.id)
+        adm = admission_id(caller.incarnation, f"model:{req_digest}:{run.fence}:{attempt}")
+        ticket = await run.admission.acquire(caller.node_id)
         try:
-            await run.submit([Charge(admission_id=adm, node_id=spec.id, charges={
+            await run.submit([Charge(admission_id=adm, node_id=caller.node_id, charges={
                 "model_calls": 1, "work_attempts": 1, "input_tokens": estimate_in,
                 "output_tokens": reserve_out})])
-            response = await _invoke_provider(run, agent, request)
+            response = await _invoke_provider(caller, request)
             break
         except IncompleteStreamError:
             if attempt + 1 == STREAM_ATTEMPTS:
@@ -157,26 +200,37 @@ async def _model_call(run: TaskRun, spec: NodeSpec, incarnation: str, agent: Any
     resp_digest = digest_text(text)
     extra = {"input_tokens": max(0, response.usage.input_tokens - estimate_in),
              "output_tokens": max(0, response.usage.output_tokens - reserve_out)}
-    steps: list[Any] = [AppendJournal(kind=MODEL_KIND, node_id=spec.id, data={
+    steps: list[Any] = [AppendJournal(kind=caller.journal_kind, node_id=caller.node_id, data={
         "request_digest": req_digest, "digest": resp_digest,
         "usage": response.usage.model_dump()})]
     if any(extra.values()):
-        steps.append(Charge(admission_id=admission_id(incarnation, f"usage:{req_digest}"),
-                            node_id=spec.id, charges=extra))
-    await run.submit(steps, {resp_digest: text})
-    run.agent_records.responses[(spec.id, req_digest)] = resp_digest
-    return response
+        steps.append(Charge(admission_id=admission_id(caller.incarnation, f"usage:{req_digest}"),
+                            node_id=caller.node_id, charges=extra))
+    return Fetched(response, req_digest, resp_digest, steps, {resp_digest: text})
 
 
-async def _invoke_provider(run: TaskRun, agent: Any, request: ModelRequest) -> ModelResponse:
-    provider = agent.provider
-    if agent.stream:
+async def _model_call(run: TaskRun, spec: NodeSpec, incarnation: str, agent: Any,
+                      request: ModelRequest) -> ModelResponse:
+    caller = ModelCaller(node_id=spec.id, incarnation=incarnation, provider=agent.provider,
+                         stream=agent.stream, timeout=run.rt.effect_timeout)
+    fetched = await fetch_response(
+        run, caller, request,
+        lambda problem: AgentFailure(f"agent node {spec.id!r}: {problem}", node_id=spec.id))
+    if not fetched.replayed:
+        await run.submit(fetched.steps, fetched.blobs)
+        run.agent_records.responses[(spec.id, fetched.request_digest)] = \
+            fetched.response_digest
+    return fetched.response
+
+
+async def _invoke_provider(caller: ModelCaller, request: ModelRequest) -> ModelResponse:
+    provider = caller.provider
+    if caller.stream:
         # The permit is held until the stream is closed, also when it ends early.
         stream = provider.stream(request)
         async with contextlib.aclosing(stream):
-            return await asyncio.wait_for(assemble_stream(stream), run.rt.effect_timeout)
-    return check_response(await asyncio.wait_for(provider.complete(request),
-                                                 run.rt.effect_timeout))
+            return await asyncio.wait_for(assemble_stream(stream), caller.timeout)
+    return check_response(await asyncio.wait_for(provider.complete(request), caller.timeout))
 
 
 async def _tool_call(run: TaskRun, spec: NodeSpec, tools: dict[str, ToolBinding],

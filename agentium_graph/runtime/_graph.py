@@ -84,6 +84,14 @@ class FlatGraph:
         self.scopes[prefix] = scope
         return scope
 
+    def set_root(self, plan: CompiledPlan) -> Scope:
+        """Install the root plan of a task that was planned after it started (revision 0
+        had no nodes)."""
+        if self.scopes[""].members:
+            raise ValueError("the root plan is already installed")
+        del self.scopes[""]
+        return self.add_scope("", plan, None, None)
+
     def scope_of(self, node_id: str) -> Scope:
         return self.scopes[self.specs[node_id].scope]
 

@@ -26,6 +26,7 @@ from agentium_graph._canonical import (
     json_copy,
 )
 from agentium_graph._otel import span
+from agentium_graph._program import ExecutionGraphProgram
 from agentium_graph.catalog._bindings import AgentBinding, ToolBinding
 from agentium_graph.errors import (
     AgentiumGraphError,
@@ -37,6 +38,8 @@ from agentium_graph.errors import (
     InvalidTransitionError,
     LeaseHeldError,
     NodeInputError,
+    PlannerFailedError,
+    PlanValidationError,
     StaleFenceError,
     StoreUnavailableError,
     TaskCanceledError,
@@ -45,10 +48,17 @@ from agentium_graph.plan._validate import CompiledPlan, resolve_args
 from agentium_graph.runtime import _containers as containers
 from agentium_graph.runtime import _effects as effects
 from agentium_graph.runtime._admission import AdmissionController, Ticket
-from agentium_graph.runtime._agent import MODEL_KIND, TOOL_KIND, AgentRecords, run_agent
+from agentium_graph.runtime._agent import (
+    MODEL_KIND,
+    PLANNER_KIND,
+    TOOL_KIND,
+    AgentRecords,
+    run_agent,
+)
 from agentium_graph.runtime._context import ToolContext, reset_context, set_context
 from agentium_graph.runtime._graph import FlatGraph, NodeSpec
 from agentium_graph.runtime._outcome import Outcome, check_output, node_error, schema_error
+from agentium_graph.runtime._planner import plan_task
 from agentium_graph.runtime._states import RESTARTABLE
 from agentium_graph.runtime._views import TaskResult
 from agentium_graph.store._protocol import DurableTaskStore
@@ -126,8 +136,15 @@ class FastStartRefused(Exception):
 class TaskRun:
     def __init__(self, runtime: ExecutionGraphRuntime, key: str, worker_id: str, fence: int,
                  state: RunState, plan: CompiledPlan,
-                 acquire: AcquireLeaseRequest | None = None) -> None:
+                 acquire: AcquireLeaseRequest | None = None,
+                 program: ExecutionGraphProgram | None = None) -> None:
         self.rt = runtime
+        self.identity = state.identity
+        # A planner program whose task has no plan yet: planning runs first, as a job of
+        # the loop (its commits are the loop's group commits).
+        self.program = program if program is not None and state.header.revision == 0 \
+            else None
+        self.planning: asyncio.Task[CompiledPlan] | None = None
         # Set when ``state`` is what this runtime itself just created: the lease is then
         # taken by the first commit (one durable write instead of two), and ``fence`` is
         # only the expected one until that commit returns the real one.
@@ -180,9 +197,13 @@ class TaskRun:
     # --- public entry ---------------------------------------------------------------
     async def execute(self) -> TaskResult:
         if any(isinstance(s.binding, AgentBinding) for s in self.graph.specs.values()) or \
-                any(n.kind == "agent" for n in self.nodes.values()):
+                any(n.kind == "agent" for n in self.nodes.values()) or self.program is not None:
             await self._load_agent_records()
         keeper = asyncio.create_task(self._keep_lease(), name=f"lease:{self.key}")
+        if self.program is not None:
+            self.planning = asyncio.create_task(plan_task(self, self.program),
+                                                name=f"planner:{self.key}")
+            self.planning.add_done_callback(lambda _t: self.wake.set())
         try:
             with span("agentium_graph.task.run", {"agentium.task.key": self.key,
                                                    "agentium.worker.id": self.worker_id,
@@ -202,7 +223,7 @@ class TaskRun:
             if not page:
                 break
             for entry in page:
-                if entry.kind in (MODEL_KIND, TOOL_KIND):
+                if entry.kind in (MODEL_KIND, TOOL_KIND, PLANNER_KIND):
                     self.agent_records.add(entry.kind, entry.node_id, entry.data)
             after = page[-1].seq
 
@@ -219,6 +240,7 @@ class TaskRun:
             if self.lost is not None:
                 raise self.lost
             self._observe_stop()
+            self._settle_planning()
             steps: list[Step] = []
             blobs: dict[str, str] = {}
             self._settle_finished(steps, blobs)
@@ -297,6 +319,36 @@ class TaskRun:
                 "never extends a deadline, so create a new task to retry",
                 details={"deadline": deadline.isoformat()})))
 
+    def _settle_planning(self) -> None:
+        """Install the plan the planner committed, or stop the task with why it has none."""
+        task = self.planning
+        if task is None or not task.done():
+            return
+        self.planning = None
+        self.program = None
+        if task.cancelled():
+            return  # a stop canceled it
+        exc = task.exception()
+        if exc is None:
+            self.graph.set_root(task.result())
+            self.again = True
+            return
+        if self.stop is not None or self.lost is not None:
+            return  # the planner failed because the run is ending anyway
+        if isinstance(exc, BudgetExhaustedError):
+            self._begin_stop(_Stop("budget", exc))
+        elif isinstance(exc, PlanValidationError):
+            self._begin_stop(_Stop("failed", exc, ErrorInfo(
+                code=exc.code, message=str(exc),
+                details={"diagnostics": [d.model_dump() for d in exc.diagnostics]})))
+        else:
+            error = PlannerFailedError(
+                f"task {self.key!r}: the planner failed: {type(exc).__name__}: {exc}; fix the "
+                "provider (or its script) and create the task again",
+                details={"error": type(exc).__name__})
+            error.__cause__ = exc
+            self._begin_stop(_Stop("failed", error, error.to_info()))
+
     def _begin_stop(self, stop: _Stop) -> None:
         self.stop = stop
         reason = stop.reason
@@ -305,6 +357,8 @@ class TaskRun:
             self.admission.withdraw(item.ticket, reason)
         self.ready.clear()
         if reason in ("canceled", "deadline"):
+            if self.planning is not None:
+                self.planning.cancel()  # a model call: cancellable, nothing committed yet
             for running in self.running.values():
                 running.ctx._cancel.set()
                 if running.task is not None and self._cancellable(running.node_id):
@@ -663,7 +717,8 @@ class TaskRun:
             self.request_cancel(grant.header.cancel.reason)
 
     def _final_steps(self, launch: list[_Ready]) -> list[Step]:
-        if self.running or launch or (self.ready and self.stop is None):
+        if self.running or launch or self.planning is not None or \
+                (self.ready and self.stop is None):
             return []
         stop = self.stop
         if stop is None:
@@ -707,7 +762,7 @@ class TaskRun:
             return
         if any(item.free or item.ticket.granted for item in self.ready.values()):
             return
-        if not self.running and not self.ready and self.stop is None:
+        if not self.running and not self.ready and self.stop is None and self.planning is None:
             # Nothing runs, nothing waits for a permit, yet work remains: a bug, not a wait.
             stuck = [n for n in self.graph.order if n not in self.done][:10]
             raise AgentiumGraphError(
@@ -748,7 +803,11 @@ class TaskRun:
 
     async def _abandon_running(self) -> None:
         """On an abnormal exit, stop callbacks we started; their work is not ours to settle."""
-        tasks = [r.task for r in self.running.values() if r.task is not None]
+        tasks: list[asyncio.Task[Any]] = [r.task for r in self.running.values()
+                                          if r.task is not None]
+        if self.planning is not None:
+            tasks.append(self.planning)
+            self.planning = None
         for r in self.running.values():
             r.ctx._cancel.set()
             self.admission.release(r.ticket)

@@ -38,6 +38,7 @@ from agentium_graph.errors import (
     LeaseHeldError,
     NestedDispatchError,
     NodeFailedError,
+    PlannerFailedError,
     PlanValidationError,
     StaleFenceError,
     StoreError,
@@ -51,6 +52,7 @@ from agentium_graph.runtime._config import Budgets, RootLimits, counter_limits
 from agentium_graph.runtime._containers import node_record
 from agentium_graph.runtime._context import current_context
 from agentium_graph.runtime._outcome import node_error
+from agentium_graph.runtime._planner import committed_plan_digest, empty_plan
 from agentium_graph.runtime._resolve import resolve_action
 from agentium_graph.runtime._run import FastStartRefused, RunState, TaskRun
 from agentium_graph.runtime._views import (
@@ -89,7 +91,7 @@ _REMEMBERED_TASKS = 256
 # How a run ends on purpose: the lease was released with the final status, or is no longer
 # ours. Anything else leaves our lease behind, so it is released before re-raising.
 _RUN_OUTCOMES = (StaleFenceError, TaskCanceledError, DeadlineExceededError, NodeFailedError,
-                 DurableRecoveryRequiredError)
+                 DurableRecoveryRequiredError, PlanValidationError, PlannerFailedError)
 _REMEMBERED_NODES = 20_000
 
 
@@ -114,6 +116,8 @@ class ExecutionGraphRuntime:
     ``lease_ttl``: seconds a lease lasts without renewal (default 15, at most 30).
     ``poll_interval``: seconds between lease renewals, which also observe cancel requests.
     ``clock``: injectable source of aware UTC datetimes.
+    ``programs``: planner programs this runtime may run without having created their tasks
+    (a worker recovering a planned task after a crash); ``create`` registers its program too.
     """
 
     def __init__(self, *, catalog: HostCatalog, store: DurableTaskStore | None = None,
@@ -122,10 +126,16 @@ class ExecutionGraphRuntime:
                  lease_ttl: float = 15.0, poll_interval: float = 1.0,
                  clock: Callable[[], datetime] | None = None,
                  policy_revision: str = "1", effect_timeout: float = 30.0,
-                 lookup_timeout: float = 10.0, lookup_attempts: int = 3) -> None:
+                 lookup_timeout: float = 10.0, lookup_attempts: int = 3,
+                 programs: Iterable[ExecutionGraphProgram] = ()) -> None:
         if not isinstance(catalog, HostCatalog):
             raise ConfigurationError("catalog must be a HostCatalog")
         self.catalog = catalog
+        # Planner programs this runtime can run, by (id, version): a planner's provider is
+        # code, so a worker that recovers a planned task must be given its program.
+        self._programs: dict[tuple[str, str], ExecutionGraphProgram] = {}
+        for program in programs:
+            self.register_program(program)
         self.store: DurableTaskStore = store if store is not None else InMemoryDurableTaskStore()
         if require_durable and not self.store.capabilities.durable:
             raise StoreNotDurableError(
@@ -170,18 +180,27 @@ class ExecutionGraphRuntime:
         _check_key(key)
         if not isinstance(program, ExecutionGraphProgram):
             raise ConfigurationError("program must be an ExecutionGraphProgram")
-        if program.plan is None:
-            raise ConfigurationError(
-                f"program {program.id!r} uses a planner; this runtime version executes static "
-                "plans only: pass plan={...}")
         limits = limits or self.limits
         budgets = budgets or Budgets()
         grant_list = None if grants is None else tuple(sorted(set(grants)))
         descriptor = program.descriptor()
-        plan = self._plan(program.plan, program.limits, grant_list,
-                          str(descriptor["plan_digest"]))
+        plan: CompiledPlan | None = None
+        if program.plan is not None:
+            plan = self.compile_plan(program.plan, program.limits, grant_list,
+                                     str(descriptor["plan_digest"]))
         self._check_input(program, input)
-        used = _used_bindings(plan, self.catalog)
+        if plan is not None:
+            used = used_bindings(plan, self.catalog)
+        else:
+            # A planner may propose any granted binding: the task pins them all, and its
+            # proposals are checked against exactly these.
+            used = [b for b in self.catalog if grant_list is None or b.id in grant_list]
+            if not used:
+                raise PlanValidationError([Diagnostic(
+                    path="$", code="nothing_to_plan",
+                    message="the planner could use no binding: the catalog has none the "
+                            "task's grants allow")])
+            self.register_program(program)
         if grant_list is not None:
             ungranted = sorted({b.id for b in used} - set(grant_list))
             if ungranted:
@@ -189,16 +208,18 @@ class ExecutionGraphRuntime:
                     path="$", code="binding_not_granted",
                     message=f"nested programs or agents use bindings {ungranted} that are "
                             "not among the task's grants")])
-        n = len(plan.order)
-        if n > limits.max_expanded_nodes:
+        nodes = () if plan is None else \
+            tuple(node_record(key, plan, "", node_id, None) for node_id in plan.order)
+        if len(nodes) > limits.max_expanded_nodes:
             raise PlanValidationError([Diagnostic(
                 path="$.nodes", code="expansion_limit",
-                message=f"{n} nodes exceed max_expanded_nodes={limits.max_expanded_nodes}")])
+                message=f"{len(nodes)} nodes exceed max_expanded_nodes="
+                        f"{limits.max_expanded_nodes}")])
         now = self.clock()
         absolute, after = _deadline(deadline, now)
         identity = TaskIdentity(
             key=key, catalog_digest=self.catalog.digest, program=descriptor,
-            plan=json_copy(program.plan),
+            plan=None if program.plan is None else json_copy(program.plan),
             descriptors={f"{b.id}@{b.version}": b.descriptor().model_dump(mode="json")
                          for b in used},
             # _check_input walked the input above; it is not walked again.
@@ -209,26 +230,74 @@ class ExecutionGraphRuntime:
             deadline_after_seconds=after)
         identity_digest = record_digest(identity.model_dump(mode="json"))
         counters = dict.fromkeys(COUNTERS, 0)
-        counters["expanded_nodes"] = n
-        counters["plan_revisions"] = 1
+        counters["expanded_nodes"] = len(nodes)
+        counters["plan_revisions"] = 0 if plan is None else 1
         header = TaskHeader(
             key=key, task_id=task_id(key), identity_digest=identity_digest, created_at=now,
             updated_at=now, counters=counters, limits=counter_limits(limits, budgets),
             deadline=absolute if absolute is not None else (
                 now + timedelta(seconds=after) if after is not None else None),
-            journal_seq=1)
-        nodes = tuple(node_record(key, plan, "", node_id, None) for node_id in plan.order)
+            revision=0 if plan is None else 1, journal_seq=1)
         created = await self.store.create_task(CreateTaskRequest(
             header=header, identity=identity, nodes=nodes,
             admission_id=admission_id(header.task_id, "create")))
         if not created.created:
             return await self.inspect(key)  # a re-delivery: show what is stored
         self._remember_identity(identity_digest, identity)
-        # What was just written is the whole state a first run starts from.
-        self._remember_fresh(key, created.header, nodes)
+        if plan is not None:
+            # What was just written is the whole state a first run starts from. (A planned
+            # task's first commit comes after a provider call, which must hold the lease.)
+            self._remember_fresh(key, created.header, nodes)
         snapshot = TaskSnapshot(header=created.header, nodes={n.node_id: n for n in nodes},
                                 actions={})
         return await build_view(self.store, snapshot, identity, identity_digest=identity_digest)
+
+    def register_program(self, program: ExecutionGraphProgram) -> None:
+        """Let this runtime run tasks of ``program`` (needed for planner programs only)."""
+        if not isinstance(program, ExecutionGraphProgram):
+            raise ConfigurationError("programs must be ExecutionGraphProgram instances")
+        known = self._programs.get((program.id, program.version))
+        if known is not None and known.descriptor() != program.descriptor():
+            raise ConfigurationError(
+                f"program {program.id!r} version {program.version!r} is registered with "
+                "different content; bump the version of the changed program")
+        self._programs[(program.id, program.version)] = program
+
+    def _planned_program(self, identity: TaskIdentity) -> ExecutionGraphProgram | None:
+        """The registered planner program of a planned task (None for a static plan)."""
+        if identity.plan is not None:
+            return None
+        pid, version = str(identity.program["id"]), str(identity.program["version"])
+        program = self._programs.get((pid, version))
+        if program is None:
+            raise ConfigurationError(
+                f"task {identity.key!r} is planned by program {pid!r} version {version!r}, "
+                "which this runtime does not know: pass it with "
+                "ExecutionGraphRuntime(programs=[...]) or register_program()")
+        if program.descriptor() != identity.program:
+            raise DescriptorMismatchError(
+                f"task {identity.key!r} pinned a different program {pid!r} version "
+                f"{version!r} (planner settings or limits changed); restore the original "
+                "program, or bump its version for new tasks",
+                details={"program": pid, "version": version})
+        self._root_limits[identity.key] = RootLimits(**identity.root_limits)
+        return program
+
+    async def _planned_root(self, identity: TaskIdentity, header: TaskHeader) -> CompiledPlan:
+        """A planned task's root plan: the committed one, or an empty revision 0."""
+        limits = PlanLimits(**identity.plan_limits)
+        if header.revision == 0:
+            return empty_plan(limits)
+        plan_digest = await committed_plan_digest(self.store, header)
+        blobs = await read_verified(self.store, [plan_digest])
+        problem = blobs.problem(plan_digest)
+        if problem is not None:
+            raise DataIntegrityError(
+                f"task {header.key!r}: its committed plan (blob {plan_digest}) is {problem}; "
+                "the store was damaged, restore it from a backup",
+                details={"blob": plan_digest, "problem": problem})
+        return self.compile_plan(json.loads(blobs.texts[plan_digest]), limits, identity.grants,
+                                 plan_digest)
 
     def _check_input(self, program: ExecutionGraphProgram, value: Any) -> None:
         try:
@@ -266,16 +335,19 @@ class ExecutionGraphRuntime:
         _raise_terminal(header)
         identity = await self._pinned_identity(header)
         self._check_descriptors(identity)
-        plan = self._compile(identity)
+        program = self._planned_program(identity)
+        plan = self._compile(identity) if program is None else None
         lease = await self._acquire(key, worker_id, wait)
         grant = lease.fence
         try:
             snapshot = lease.snapshot or await self.store.get_task(key)
             assert snapshot is not None
+            if plan is None:
+                plan = await self._planned_root(identity, snapshot.header)
             state = RunState(header=snapshot.header, nodes=dict(snapshot.nodes),
                              actions=dict(snapshot.actions), identity=identity,
                              outputs=await self._load_outputs(snapshot))
-            run = TaskRun(self, key, worker_id, grant, state, plan)
+            run = TaskRun(self, key, worker_id, grant, state, plan, program=program)
             if snapshot.header.cancel is not None:
                 run.request_cancel(snapshot.header.cancel.reason)
             self._active[key] = run
@@ -511,10 +583,10 @@ class ExecutionGraphRuntime:
     def _compile(self, identity: TaskIdentity) -> CompiledPlan:
         assert identity.plan is not None
         self._root_limits[identity.key] = RootLimits(**identity.root_limits)
-        return self._plan(identity.plan, PlanLimits(**identity.plan_limits), identity.grants,
-                          str(identity.program.get("plan_digest")))
+        return self.compile_plan(identity.plan, PlanLimits(**identity.plan_limits),
+                                 identity.grants, str(identity.program.get("plan_digest")))
 
-    def _plan(self, plan: dict[str, Any], limits: PlanLimits, grants: tuple[str, ...] | None,
+    def compile_plan(self, plan: dict[str, Any], limits: PlanLimits, grants: tuple[str, ...] | None,
               plan_digest: str) -> CompiledPlan:
         """Validate and compile a plan once per (plan, limits, grants); runs reuse it."""
         key = (plan_digest, limits, grants)
@@ -602,7 +674,7 @@ async def build_view(store: DurableTaskStore, snapshot: TaskSnapshot,
         journal_length=header.journal_seq, verified=not problems, problems=tuple(problems))
 
 
-def _used_bindings(plan: CompiledPlan, catalog: HostCatalog) -> list[Binding]:
+def used_bindings(plan: CompiledPlan, catalog: HostCatalog) -> list[Binding]:
     """Every binding the plan can reach: its nodes, nested programs and agent tools."""
     seen: dict[tuple[str, str], Binding] = {}
     stack: list[Binding] = [n.binding for n in plan.nodes.values()]
@@ -641,6 +713,11 @@ def error_from_info(key: str, info: ErrorInfo | None) -> Exception:
         return NodeFailedError(f"task {key!r} failed")
     if info.code == "deadline_exceeded":
         return DeadlineExceededError(info.message, details=info.details)
+    if info.code == PlanValidationError.code and "diagnostics" in info.details:
+        return PlanValidationError([Diagnostic(**d) for d in info.details["diagnostics"]],
+                                   subject=f"task {key!r}: the planner's last proposal")
+    if info.code == PlannerFailedError.code:
+        return PlannerFailedError(info.message, details=info.details)
     return node_error(info, f"task {key!r} failed at node {info.node_id!r}: {info.message}",
                       info.node_id)
 

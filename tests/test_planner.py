@@ -1,0 +1,309 @@
+"""Planner programs (complete mode): proposals checked, corrected, journaled and replayed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from agentium_graph import (
+    BudgetExhaustedError,
+    Budgets,
+    ConfigurationError,
+    DescriptorMismatchError,
+    ExecutionGraphProgram,
+    ExecutionGraphRuntime,
+    PlannerConfig,
+    PlannerFailedError,
+    PlanValidationError,
+    RootLimits,
+    TaskCanceledError,
+)
+from agentium_graph.providers import (
+    ProviderError,
+    ScriptedProvider,
+    ScriptedTurn,
+    ToolCall,
+    TurnMatch,
+    Usage,
+)
+from agentium_graph.store import AppendJournal, CommitRequest, CommitResult
+from tests.conftest import Calls, CountingStore, make_catalog, wait_until
+
+GOOD = {"schemaVersion": 1, "revision": 1, "nodes": [
+    {"id": "a", "binding": "inc", "version": "1",
+     "args": {"x": {"$ref": {"node": "$input", "path": ["start"]}}}},
+    {"id": "b", "binding": "inc", "version": "1",
+     "args": {"x": {"$ref": {"node": "a", "path": ["value"]}}}}]}
+UNKNOWN = {"schemaVersion": 1, "revision": 1, "nodes": [
+    {"id": "a", "binding": "teleport", "version": "1", "args": {}}]}
+USAGE = Usage(input_tokens=100, output_tokens=20)
+
+
+def turn(plan: Any, proposal: int | None = None, **kw: Any) -> ScriptedTurn:
+    text = plan if isinstance(plan, str) else json.dumps(plan)
+    match = None if proposal is None else TurnMatch(metadata={"proposal": proposal})
+    return ScriptedTurn(text=text, usage=USAGE, match=match, **kw)
+
+
+def planned(provider: ScriptedProvider, **kw: Any) -> ExecutionGraphProgram:
+    config = PlannerConfig(provider=provider, host_instructions="Plan the arithmetic.",
+                           max_output_tokens=200, **kw)
+    return ExecutionGraphProgram(id="planned", version="1", planner=config)
+
+
+def kinds(events: Any) -> list[str]:
+    return [e.kind for e in events]
+
+
+async def journal(rt: ExecutionGraphRuntime, key: str) -> list[Any]:
+    return list((await rt.timeline(key, limit=1000)).events)
+
+
+async def test_an_accepted_proposal_is_committed_as_revision_1_and_runs(calls: Calls) -> None:
+    provider = ScriptedProvider([turn(GOOD)])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    created = await rt.create("t", planned(provider), input={"start": 40})
+    assert created.revision == 0 and created.nodes == {} and created.status == "pending"
+    assert created.counters["plan_revisions"] == 0 and created.counters["expanded_nodes"] == 0
+
+    result = await rt.run("t")
+    assert result.output == {"a": {"value": 41}, "b": {"value": 42}}
+    view = await rt.inspect("t")
+    assert view.revision == 1 and view.verified and set(view.nodes) == {"a", "b"}
+    assert view.counters["plan_revisions"] == 1 and view.counters["expanded_nodes"] == 2
+    assert view.counters["model_calls"] == 1
+    # The reservation (max_output_tokens) is charged before the call and never refunded.
+    assert view.counters["output_tokens"] == 200
+
+    (request,) = provider.calls
+    assert request.tools == () and request.max_output_tokens == 200
+    system, user = request.model_messages
+    assert system.role == "system" and system.content.startswith("Plan the arithmetic.")
+    data = json.loads(user.content)  # everything but the host's instructions is data
+    assert data["task_input"] == {"start": 40}
+    assert [(c["binding"], c["version"]) for c in data["catalog"]] == [("add", "1"),
+                                                                       ("inc", "1")]
+
+    events = await journal(rt, "t")
+    proposals = [e for e in events if e.kind == "plan_proposal"]
+    assert [p.data["accepted"] for p in proposals] == [True]
+    committed = [e for e in events if e.kind == "revision_committed"]
+    assert [e.data["plan_digest"] for e in committed] == [proposals[0].data["plan_digest"]]
+    assert kinds(events).index("planner_response") < kinds(events).index("node_added")
+
+
+async def test_a_rejected_proposal_is_corrected_with_its_diagnostics(calls: Calls) -> None:
+    provider = ScriptedProvider([turn(UNKNOWN, 0), turn(GOOD, 1)])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("t", planned(provider), input={"start": 1})
+    result = await rt.run("t")
+    assert result.output["b"] == {"value": 3}
+
+    first, second = provider.calls
+    assert second.model_messages[:2] == first.model_messages
+    assistant, feedback = second.model_messages[2:]
+    assert assistant.role == "assistant" and json.loads(assistant.content) == UNKNOWN
+    diagnostics = json.loads(feedback.content)["diagnostics"]
+    assert any("teleport" in d["message"] for d in diagnostics)
+
+    proposals = [e for e in await journal(rt, "t") if e.kind == "plan_proposal"]
+    assert [p.data["accepted"] for p in proposals] == [False, True]
+    assert proposals[0].data["diagnostics"] == diagnostics
+    view = await rt.inspect("t")
+    assert view.counters["model_calls"] == 2 and view.counters["plan_revisions"] == 1
+
+
+async def test_exhausted_corrections_fail_with_the_last_validation_cause(calls: Calls) -> None:
+    provider = ScriptedProvider([turn(UNKNOWN, 0), turn("not json at all", 1)])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("t", planned(provider, max_corrections=1), input={"start": 1})
+    with pytest.raises(PlanValidationError) as failed:
+        await rt.run("t")
+    assert [d.code for d in failed.value.diagnostics] == ["proposal_not_json"]
+    view = await rt.inspect("t")
+    assert view.status == "failed" and view.nodes == {} and view.revision == 0
+    assert calls.by_node == {} and provider.call_count == 2
+    # A later run raises the same typed error from what was stored, with no provider call.
+    with pytest.raises(PlanValidationError) as again:
+        await rt.run("t")
+    assert [d.code for d in again.value.diagnostics] == ["proposal_not_json"]
+    assert provider.call_count == 2
+    proposals = [e for e in await journal(rt, "t") if e.kind == "plan_proposal"]
+    assert [p.data["accepted"] for p in proposals] == [False, False]
+
+
+@pytest.mark.parametrize(("text", "code"), [
+    ('{"schemaVersion": 1, "revision": 1, "nodes": [', "proposal_not_json"),
+    (json.dumps({**GOOD, "revision": 2}), "revision_mismatch"),
+    (json.dumps([GOOD]), "plan_shape"),
+])
+async def test_bad_proposals_name_what_is_wrong(calls: Calls, text: str, code: str) -> None:
+    provider = ScriptedProvider([turn(text)])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("t", planned(provider, max_corrections=0), input={"start": 1})
+    with pytest.raises(PlanValidationError) as failed:
+        await rt.run("t")
+    assert code in [d.code for d in failed.value.diagnostics]
+
+
+async def test_a_fenced_answer_is_read_and_a_tool_call_is_refused(calls: Calls) -> None:
+    fenced = ScriptedProvider([turn("```json\n" + json.dumps(GOOD) + "\n```")])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("f", planned(fenced), input={"start": 0})
+    assert (await rt.run("f")).output["b"] == {"value": 2}
+
+    calling = ScriptedProvider([ScriptedTurn(tool_calls=(
+        ToolCall(id="c1", name="inc", arguments={"x": 1}),), usage=USAGE)])
+    rt2 = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt2.create("c", planned(calling, max_corrections=0), input={"start": 0})
+    with pytest.raises(PlanValidationError) as failed:
+        await rt2.run("c")
+    assert [d.code for d in failed.value.diagnostics] == ["planner_tool_call"]
+
+
+async def test_grants_and_the_expansion_allowance_bound_proposals(calls: Calls) -> None:
+    uses_add = {"schemaVersion": 1, "revision": 1, "nodes": [
+        {"id": "s", "binding": "add", "version": "1", "args": {"values": [1, 2]}}]}
+    provider = ScriptedProvider([turn(uses_add)])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("g", planned(provider, max_corrections=0), input={"start": 0},
+                    grants=["inc"])
+    with pytest.raises(PlanValidationError) as failed:
+        await rt.run("g")
+    assert "binding_not_granted" in [d.code for d in failed.value.diagnostics]
+    offered = json.loads(provider.calls[0].model_messages[1].content)["catalog"]
+    assert [c["binding"] for c in offered] == ["inc"]  # only granted bindings are offered
+
+    small = ScriptedProvider([turn(GOOD)])
+    await rt.create("x", planned(small, max_corrections=0), input={"start": 0},
+                    limits=RootLimits(max_expanded_nodes=1))
+    with pytest.raises(PlanValidationError) as over:
+        await rt.run("x")
+    assert [d.code for d in over.value.diagnostics] == ["expansion_limit"]
+
+
+class CrashOnPlannerCommit(CountingStore):
+    """Dies right after the n-th commit that journals a planner response."""
+
+    def __init__(self, after: int) -> None:
+        super().__init__()
+        self.after = after
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        result = await super().commit(request)
+        if any(isinstance(s, AppendJournal) and s.kind == "planner_response"
+               for s in request.steps):
+            self.after -= 1
+            if self.after == 0:
+                raise _Crash
+        return result
+
+
+class _Crash(BaseException):
+    pass
+
+
+async def test_recovery_replays_a_rejected_proposal_without_a_provider_call(
+        calls: Calls) -> None:
+    store = CrashOnPlannerCommit(after=1)
+    first = ScriptedProvider([turn(UNKNOWN, 0), turn(GOOD, 1)])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store)
+    program = planned(first)
+    await rt.create("r", program, input={"start": 5})
+    with pytest.raises(_Crash):
+        await rt.run("r", "w1")
+    assert first.call_count == 1
+    charged = (await rt.inspect("r")).counters["model_calls"]
+
+    second = ScriptedProvider([turn(GOOD, 1)])  # has no answer for the first request
+    fresh = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store,
+                                  programs=[planned(second)])
+    result = await fresh.run("r", "w1")
+    assert result.output["b"] == {"value": 7}
+    assert second.call_count == 1 and second.calls[0].metadata["proposal"] == 1
+    view = await fresh.inspect("r")
+    assert view.counters["model_calls"] == charged + 1
+    proposals = [e for e in await journal(fresh, "r") if e.kind == "plan_proposal"]
+    assert [p.data["accepted"] for p in proposals] == [False, True]
+
+
+async def test_a_committed_plan_is_never_planned_again(calls: Calls) -> None:
+    store = CrashOnPlannerCommit(after=1)
+    first = ScriptedProvider([turn(GOOD)])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store)
+    await rt.create("r", planned(first), input={"start": 0})
+    with pytest.raises(_Crash):
+        await rt.run("r", "w1")
+    assert (await rt.inspect("r")).revision == 1
+
+    silent = ScriptedProvider([])  # any call would raise ScriptExhaustedError
+    fresh = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store,
+                                  programs=[planned(silent)])
+    assert (await fresh.run("r", "w1")).output["b"] == {"value": 2}
+    assert silent.call_count == 0
+
+
+async def test_a_worker_needs_the_planned_program_and_its_pinned_settings(
+        calls: Calls) -> None:
+    store = CountingStore()
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store)
+    await rt.create("p", planned(ScriptedProvider([turn(GOOD)])), input={"start": 0})
+    stranger = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store)
+    with pytest.raises(ConfigurationError, match="programs="):
+        await stranger.run("p")
+    changed = ExecutionGraphProgram(id="planned", version="1", planner=PlannerConfig(
+        provider=ScriptedProvider([turn(GOOD)]), host_instructions="Something else."))
+    other = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store, programs=[changed])
+    with pytest.raises(DescriptorMismatchError):
+        await other.run("p")
+    assert (await rt.inspect("p")).status == "pending"  # nothing was written
+
+
+async def test_the_model_call_budget_is_enforced_before_the_planner_call(
+        calls: Calls) -> None:
+    provider = ScriptedProvider([turn(GOOD)])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("b", planned(provider), input={"start": 0},
+                    budgets=Budgets(model_calls=0))
+    with pytest.raises(BudgetExhaustedError):
+        await rt.run("b")
+    assert provider.call_count == 0
+    view = await rt.inspect("b")
+    assert view.status == "pending" and view.counters["model_calls"] == 0
+
+
+async def test_cancel_while_planning_stops_the_call_and_cancels_the_task(
+        calls: Calls) -> None:
+    provider = ScriptedProvider([turn(GOOD, delay=60)])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("c", planned(provider), input={"start": 0})
+    running = asyncio.create_task(rt.run("c"))
+    await wait_until(lambda: provider.call_count == 1)
+    await rt.cancel("c", reason="changed my mind")
+    with pytest.raises(TaskCanceledError):
+        await asyncio.wait_for(running, 5)
+    view = await rt.inspect("c")
+    assert view.status == "canceled" and view.nodes == {}
+
+
+def test_planner_config_checks_its_provider() -> None:
+    with pytest.raises(ConfigurationError, match="complete"):
+        PlannerConfig(provider=object(), host_instructions="x")
+    with pytest.raises(ConfigurationError, match="max_corrections"):
+        PlannerConfig(provider=ScriptedProvider([]), host_instructions="x", max_corrections=-1)
+
+
+async def test_a_provider_failure_fails_the_task_with_a_typed_error(calls: Calls) -> None:
+    provider = ScriptedProvider([ScriptedTurn(fail=ProviderError("model is down"))])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("d", planned(provider), input={"start": 0})
+    with pytest.raises(PlannerFailedError, match="model is down"):
+        await rt.run("d")
+    view = await rt.inspect("d")
+    assert view.status == "failed" and view.counters["model_calls"] == 1
+    with pytest.raises(PlannerFailedError, match="model is down"):
+        await rt.run("d")  # raised again from what was stored
+    assert provider.call_count == 1
