@@ -26,6 +26,7 @@ from agentium_graph.store import (
     CancelTaskRequest,
     CommitRequest,
     CommitResult,
+    CommitRevision,
     CreateTaskRequest,
     CreateTaskResult,
     JournalEntry,
@@ -54,7 +55,8 @@ class KillSwitch:
 
     ``point``: before_lease | after_lease | before_start_commit | after_start_commit |
     before_completion_commit | after_completion_commit | during_renewal |
-    after_model_response | after_repeat_guard | none.
+    after_model_response | after_repeat_guard | after_planner_response |
+    after_plan_commit | none.
     ``node``: which node's start/completion commit triggers it.
     """
 
@@ -89,6 +91,12 @@ class KillSwitch:
         if self.point == "after_model_response" and self._journals(request, "model_response"):
             die()
         if self.point == "after_repeat_guard" and self._journals(request, "repeat_guard"):
+            die()
+        if self.point == "after_planner_response" and \
+                self._journals(request, "planner_response"):
+            die()
+        if self.point == "after_plan_commit" and \
+                any(isinstance(s, CommitRevision) for s in request.steps):
             die()
         return result
 
@@ -153,6 +161,11 @@ async def main(config: dict[str, Any]) -> dict[str, Any]:
 
         cat = _effect_graph.catalog(log, config["server_url"], config.get("idempotent", False))
         prog = _effect_graph.program()
+    elif graph == "planner":
+        from acceptance import _planner_graph
+
+        cat = catalog(log)
+        prog = _planner_graph.program(config)
     elif graph == "agent":
         from acceptance import _agent_graph
 
@@ -165,7 +178,8 @@ async def main(config: dict[str, Any]) -> dict[str, Any]:
         prog = program()
     runtime = ExecutionGraphRuntime(
         catalog=cat, store=store, require_durable=True, lease_ttl=config.get("lease_ttl", 5.0),
-        poll_interval=config.get("poll_interval", 0.05), lookup_timeout=2.0)
+        poll_interval=config.get("poll_interval", 0.05), lookup_timeout=2.0,
+        programs=[prog] if prog.planner is not None else ())
     try:
         if config.get("create", False):
             await runtime.create(config["key"], prog)

@@ -307,3 +307,10 @@ async def test_a_provider_failure_fails_the_task_with_a_typed_error(calls: Calls
     with pytest.raises(PlannerFailedError, match="model is down"):
         await rt.run("d")  # raised again from what was stored
     assert provider.call_count == 1
+
+
+async def test_stream_mode_is_refused_before_anything_is_stored(calls: Calls) -> None:
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    with pytest.raises(ConfigurationError, match="mode='complete'"):
+        await rt.create("s", planned(ScriptedProvider([turn(GOOD)]), mode="stream"))
+    assert await rt.store.get_header("s") is None

@@ -256,6 +256,11 @@ class ExecutionGraphRuntime:
         """Let this runtime run tasks of ``program`` (needed for planner programs only)."""
         if not isinstance(program, ExecutionGraphProgram):
             raise ConfigurationError("programs must be ExecutionGraphProgram instances")
+        if program.planner is not None and program.planner.mode != "complete":
+            raise ConfigurationError(
+                f"program {program.id!r}: planner mode={program.planner.mode!r} is not "
+                "supported by this version (streamed revisions are not implemented yet); "
+                "use mode='complete'")
         known = self._programs.get((program.id, program.version))
         if known is not None and known.descriptor() != program.descriptor():
             raise ConfigurationError(

@@ -1,0 +1,38 @@
+"""The planner acceptance program: a scripted planner whose first proposal is rejected
+(unknown binding) and whose correction is the acceptance graph of :mod:`acceptance._graph`.
+
+Provider calls are logged to a file shared by every process of a case, so a test counts
+them across kills.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from acceptance._graph import FAN, plan
+from agentium_graph import ExecutionGraphProgram, PlanLimits, PlannerConfig
+from agentium_graph.providers import Usage
+from agentium_graph.testing import PartialStream, ScriptedProvider, ScriptedTurn, TurnMatch
+
+WRONG = {"schemaVersion": 1, "revision": 1, "nodes": [
+    {"id": "a", "binding": "teleport", "version": "1", "args": {}}]}
+
+
+def script(variant: str) -> list[ScriptedTurn]:
+    usage = Usage(input_tokens=300, output_tokens=60)
+    first = ScriptedTurn(text=json.dumps(WRONG), usage=usage,
+                         match=TurnMatch(metadata={"proposal": 0}))
+    if variant == "hang":  # the first call never answers: the worker is killed inside it
+        first = first.model_copy(update={"partial_stream_then_fail": PartialStream(
+            events=0, ending="hang")})
+    return [first, ScriptedTurn(text=json.dumps(plan()), usage=usage,
+                                match=TurnMatch(metadata={"proposal": 1}))]
+
+
+def program(config: dict[str, Any]) -> ExecutionGraphProgram:
+    provider = ScriptedProvider(script(config.get("script", "normal")),
+                                call_log_path=config["provider_log"])
+    return ExecutionGraphProgram(id="planned", version="1", planner=PlannerConfig(
+        provider=provider, host_instructions="Plan the acceptance pipeline.",
+        max_corrections=2, max_output_tokens=400), limits=PlanLimits(max_concurrency=FAN))

@@ -1,0 +1,100 @@
+"""Planner windows: SIGKILL a worker while its task is being planned, recover in a fresh
+process, and check that no recorded planner response is requested again, an accepted plan is
+never planned again, no completed node re-runs, counters are never refunded, and the outputs
+are right."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from acceptance._graph import EXPECTED
+from acceptance.conftest import Case
+from agentium_graph import DurableTaskStore
+from agentium_graph.providers import read_call_log
+from agentium_graph.store import TaskSnapshot, TimelineRequest
+
+
+def planner_config(case: Case, **kw: Any) -> dict[str, Any]:
+    log = Path(case.log.path).with_name("provider.log")
+    return {"graph": "planner", "provider_log": str(log), **kw}
+
+
+def provider_calls(case: Case) -> Counter[str]:
+    log = Path(case.log.path).with_name("provider.log")
+    return Counter(r.request_digest for r in read_call_log(log)) if log.exists() \
+        else Counter()
+
+
+async def snapshot(store: DurableTaskStore, key: str) -> TaskSnapshot:
+    snap = await store.get_task(key)
+    assert snap is not None
+    return snap
+
+
+async def verdicts(store: DurableTaskStore, key: str) -> list[bool]:
+    events = await store.read_timeline(TimelineRequest(key=key, after_seq=0, limit=1000))
+    return [bool(e.data["accepted"]) for e in events if e.kind == "plan_proposal"]
+
+
+async def recover(case: Case, store: DurableTaskStore) -> TaskSnapshot:
+    before = await snapshot(store, case.key)
+    code, out, err = case.run(**planner_config(case))
+    assert code == 0 and out is not None and out["ok"], (out, err)
+    assert {n: v["value"] for n, v in out["output"].items()} == EXPECTED
+    after = await snapshot(store, case.key)
+    assert after.header.status == "completed" and after.header.revision == 1
+    for name, value in before.header.counters.items():
+        assert after.header.counters[name] >= value, f"{name} refunded"
+        limit = after.header.limits.get(name)
+        assert limit is None or after.header.counters[name] <= limit
+    for node in EXPECTED:
+        assert case.starts(node) == 1, f"{node} started {case.starts(node)} times"
+    assert await verdicts(store, case.key) == [False, True]
+    return after
+
+
+async def test_kill_after_a_rejected_proposal_was_journaled(
+        case: Case, store_of: DurableTaskStore) -> None:
+    case.run_killed(**planner_config(case, create=True, kill_at="after_planner_response"))
+    before = await snapshot(store_of, case.key)
+    assert before.header.revision == 0 and before.nodes == {}
+    assert before.header.counters["model_calls"] == 1
+    assert await verdicts(store_of, case.key) == [False]
+    after = await recover(case, store_of)
+    # The rejected proposal replayed from the journal; only the correction was asked.
+    assert sorted(provider_calls(case).values()) == [1, 1]
+    assert after.header.counters["model_calls"] == 2
+
+
+async def test_kill_after_the_plan_was_committed(case: Case,
+                                                 store_of: DurableTaskStore) -> None:
+    case.run_killed(**planner_config(case, create=True, kill_at="after_plan_commit"))
+    before = await snapshot(store_of, case.key)
+    assert before.header.revision == 1 and set(before.nodes) == set(EXPECTED)
+    assert all(n.state == "pending" for n in before.nodes.values())
+    after = await recover(case, store_of)
+    assert sorted(provider_calls(case).values()) == [1, 1]  # a committed plan: no new call
+    assert after.header.counters["model_calls"] == 2
+
+
+async def test_kill_inside_a_planner_call(case: Case, store_of: DurableTaskStore) -> None:
+    proc = case.start(**planner_config(case, create=True, script="hang"))
+    deadline = time.monotonic() + 30
+    while not provider_calls(case):  # the first planner call is in flight, hanging
+        assert time.monotonic() < deadline and proc.poll() is None
+        await asyncio.sleep(0.02)
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    before = await snapshot(store_of, case.key)
+    assert before.header.counters["model_calls"] == 1  # charged before the call was made
+    assert before.header.revision == 0
+    after = await recover(case, store_of)
+    # The interrupted request is asked again once; the correction exactly once.
+    assert sorted(provider_calls(case).values()) == [1, 2]
+    assert after.header.counters["model_calls"] == 3  # the interrupted call stays charged
