@@ -15,6 +15,8 @@ from agentium_graph import (
     DescriptorMismatchError,
     ExecutionGraphProgram,
     ExecutionGraphRuntime,
+    GraphBinding,
+    HostCatalog,
     PlannerConfig,
     PlannerFailedError,
     PlanValidationError,
@@ -314,3 +316,71 @@ async def test_stream_mode_is_refused_before_anything_is_stored(calls: Calls) ->
     with pytest.raises(ConfigurationError, match="mode='complete'"):
         await rt.create("s", planned(ScriptedProvider([turn(GOOD)]), mode="stream"))
     assert await rt.store.get_header("s") is None
+
+
+async def test_replay_does_not_depend_on_the_recovering_catalog_s_descriptions(
+        calls: Calls) -> None:
+    store = CrashOnPlannerCommit(after=1)
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store)
+    await rt.create("d", planned(ScriptedProvider([turn(UNKNOWN, 0)])), input={"start": 1})
+    with pytest.raises(_Crash):
+        await rt.run("d", "w1")
+    reworded = HostCatalog([b.model_copy(update={"description": "reworded"})
+                            for b in make_catalog(calls)])
+    second = ScriptedProvider([turn(GOOD, 1)])
+    fresh = ExecutionGraphRuntime(catalog=reworded, store=store, programs=[planned(second)])
+    assert (await fresh.run("d", "w1")).output["b"] == {"value": 3}
+    assert second.call_count == 1  # proposal 0 replayed although the catalog text changed
+    assert (await fresh.inspect("d")).counters["model_calls"] == 2
+
+
+async def test_usage_over_a_budget_keeps_the_response_and_charges_up_to_the_limit(
+        calls: Calls) -> None:
+    provider = ScriptedProvider([ScriptedTurn(text=json.dumps(GOOD), usage=Usage(
+        input_tokens=5000, output_tokens=20))])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("u", planned(provider), input={"start": 1},
+                    budgets=Budgets(input_tokens=3000))
+    assert (await rt.run("u")).output["b"] == {"value": 3}
+    view = await rt.inspect("u")
+    assert view.counters["input_tokens"] == 3000 and provider.call_count == 1
+    (response,) = [e for e in await journal(rt, "u") if e.kind == "planner_response"]
+    assert response.data["usage_over_limit"]["input_tokens"] > 0
+
+
+@pytest.mark.parametrize("text", ['{"schemaVersion": NaN}', "[" * 5000 + "]" * 5000,
+                                  '{"revision": ' + "9" * 5000 + "}"])
+async def test_unreadable_answers_are_corrected_not_fatal(calls: Calls, text: str) -> None:
+    provider = ScriptedProvider([turn(text, 0), turn(GOOD, 1)])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("n", planned(provider), input={"start": 1})
+    assert (await rt.run("n")).output["b"] == {"value": 3}
+    proposals = [e for e in await journal(rt, "n") if e.kind == "plan_proposal"]
+    assert proposals[0].data["diagnostics"][0]["code"] == "proposal_not_json"
+
+
+async def test_cancel_needs_no_planner_program(calls: Calls) -> None:
+    store = CountingStore()
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store)
+    await rt.create("c", planned(ScriptedProvider([turn(GOOD)])), input={"start": 0})
+    stranger = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store)
+    view = await stranger.cancel("c", reason="not needed")
+    assert view.status == "canceled" and view.nodes == {}
+
+
+async def test_after_planning_only_the_bindings_the_plan_uses_must_stay(calls: Calls) -> None:
+    store = CrashOnPlannerCommit(after=1)
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store)
+    await rt.create("u", planned(ScriptedProvider([turn(GOOD)])), input={"start": 0})
+    with pytest.raises(_Crash):
+        await rt.run("u", "w1")
+    only_inc = HostCatalog([b for b in make_catalog(calls) if b.id == "inc"])
+    fresh = ExecutionGraphRuntime(catalog=only_inc, store=store,
+                                  programs=[planned(ScriptedProvider([]))])
+    assert (await fresh.run("u", "w1")).output["b"] == {"value": 2}
+
+
+def test_nested_programs_cannot_be_planned(calls: Calls) -> None:
+    nested = planned(ScriptedProvider([]))
+    with pytest.raises(ConfigurationError, match="static plan"):
+        HostCatalog([*make_catalog(calls), GraphBinding(id="sub", version="1", program=nested)])

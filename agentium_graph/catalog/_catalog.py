@@ -37,6 +37,12 @@ class HostCatalog:
                     f"catalog entries must be ToolBinding, AgentBinding, GraphBinding or "
                     f"RepeatBinding, not {type(binding).__name__}")
             key = (binding.id, binding.version)
+            if isinstance(binding, GraphBinding | RepeatBinding) and \
+                    binding.program.planner is not None:
+                raise ConfigurationError(
+                    f"{binding.kind} binding {binding.id!r} version {binding.version!r} has a "
+                    "planner program; nested programs need a static plan (only a task's root "
+                    "program may be planned)")
             if key in self._bindings:
                 raise ConfigurationError(
                     f"binding {binding.id!r} version {binding.version!r} is registered twice; "

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
 MODEL_KIND = "model_response"
 PLANNER_KIND = "planner_response"
+PROPOSAL_KIND = "plan_proposal"  # the verdict on one planner response
 STREAM_ATTEMPTS = 2  # an incomplete stream is asked again once before the node fails
 TOOL_KIND = "agent_tool_result"
 
@@ -61,10 +62,16 @@ class AgentRecords:
 
     responses: dict[tuple[str, str], str] = field(default_factory=dict)  # (node, req) -> blob
     tools: dict[tuple[str, str], str] = field(default_factory=dict)      # (node, call) -> blob
+    # The planner's rejected proposals: request digest -> the diagnostics journaled for it.
+    verdicts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def add(self, kind: str, node_id: str | None, data: dict[str, Any]) -> None:
         if kind == PLANNER_KIND:  # the task's planner: no node
             self.responses[("", str(data["request_digest"]))] = str(data["digest"])
+            return
+        if kind == PROPOSAL_KIND:
+            if not data.get("accepted"):
+                self.verdicts[str(data["request_digest"])] = list(data.get("diagnostics", []))
             return
         if node_id is None:
             return
@@ -200,13 +207,35 @@ async def fetch_response(run: TaskRun, caller: ModelCaller, request: ModelReques
     resp_digest = digest_text(text)
     extra = {"input_tokens": max(0, response.usage.input_tokens - estimate_in),
              "output_tokens": max(0, response.usage.output_tokens - reserve_out)}
-    steps: list[Any] = [AppendJournal(kind=caller.journal_kind, node_id=caller.node_id, data={
-        "request_digest": req_digest, "digest": resp_digest,
-        "usage": response.usage.model_dump()})]
-    if any(extra.values()):
+    # Usage beyond the reservation already happened: it is charged up to the limit and the
+    # rest is journaled (a charge over the limit would be refused and lose the response).
+    charged, over = _within_limits(run, extra)
+    data: dict[str, Any] = {"request_digest": req_digest, "digest": resp_digest,
+                            "usage": response.usage.model_dump()}
+    if over:
+        data["usage_over_limit"] = over
+    steps: list[Any] = [AppendJournal(kind=caller.journal_kind, node_id=caller.node_id,
+                                      data=data)]
+    if charged:
         steps.append(Charge(admission_id=admission_id(caller.incarnation, f"usage:{req_digest}"),
-                            node_id=caller.node_id, charges=extra))
+                            node_id=caller.node_id, charges=charged))
     return Fetched(response, req_digest, resp_digest, steps, {resp_digest: text})
+
+
+def _within_limits(run: TaskRun, extra: dict[str, int]) -> tuple[dict[str, int],
+                                                                  dict[str, int]]:
+    """Split ``extra`` into what fits under the task's limits and what is over them."""
+    charged: dict[str, int] = {}
+    over: dict[str, int] = {}
+    for name, amount in extra.items():
+        limit = run.header.limits.get(name)
+        room = amount if limit is None else \
+            max(0, min(amount, limit - run.header.counters.get(name, 0)))
+        if room:
+            charged[name] = room
+        if room < amount:
+            over[name] = amount - room
+    return charged, over
 
 
 async def _model_call(run: TaskRun, spec: NodeSpec, incarnation: str, agent: Any,

@@ -25,7 +25,14 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from agentium_graph._canonical import admission_id, canonical_json, digest, digest_text
+from agentium_graph._canonical import (
+    NotJSONError,
+    admission_id,
+    canonical_json,
+    check_json,
+    digest,
+    digest_text,
+)
 from agentium_graph._program import ExecutionGraphProgram, PlanLimits, PlannerConfig
 from agentium_graph.errors import (
     DataIntegrityError,
@@ -34,7 +41,12 @@ from agentium_graph.errors import (
 )
 from agentium_graph.plan._validate import CompiledPlan
 from agentium_graph.providers import ModelMessage, ModelRequest, ModelResponse
-from agentium_graph.runtime._agent import PLANNER_KIND, ModelCaller, fetch_response
+from agentium_graph.runtime._agent import (
+    PLANNER_KIND,
+    PROPOSAL_KIND,
+    ModelCaller,
+    fetch_response,
+)
 from agentium_graph.runtime._containers import node_record
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import TaskHeader
@@ -43,7 +55,6 @@ from agentium_graph.store._requests import AppendJournal, CommitRevision, Step, 
 if TYPE_CHECKING:
     from agentium_graph.runtime._run import TaskRun
 
-PROPOSAL_KIND = "plan_proposal"
 MAX_FED_BACK = 50  # diagnostics returned to the model per rejected proposal
 
 FORMAT_RULES = """\
@@ -63,16 +74,13 @@ def empty_plan(limits: PlanLimits) -> CompiledPlan:
 
 
 def offered_catalog(run: TaskRun) -> list[dict[str, Any]]:
-    """The bindings a proposal may use: those the task pinned, with their descriptions."""
+    """The bindings a proposal may use, as the task pinned them at create (descriptions
+    included): a request never depends on the catalog of the process that sends it."""
     offered = []
-    for name, pinned in sorted(run.identity.descriptors.items()):
-        binding_id, _, version = name.rpartition("@")
-        live = run.rt.catalog.get(binding_id, version)
-        entry = {"binding": binding_id, "version": version, "kind": pinned["kind"],
-                 "description": live.description if live is not None else "",
-                 "input_schema": pinned["input_schema"],
-                 "output_schema": pinned["output_schema"]}
-        offered.append(entry)
+    for entry in run.identity.program.get("offered", []):
+        pinned = run.identity.descriptors[f"{entry['binding']}@{entry['version']}"]
+        offered.append({**entry, "input_schema": pinned["input_schema"],
+                        "output_schema": pinned["output_schema"]})
     return offered
 
 
@@ -111,11 +119,22 @@ def parse_proposal(response: ModelResponse) -> tuple[Any, list[Diagnostic]]:
         end = len(lines) - 1 if len(lines) > 1 and lines[-1].strip() == "```" else len(lines)
         text = "\n".join(lines[1:end]).strip()
     try:
-        return json.loads(text), []
+        value = json.loads(text)
     except json.JSONDecodeError as exc:
         return None, [Diagnostic(path="$", code="proposal_not_json", message=(
             f"the answer is not one JSON object: {exc.msg} at line {exc.lineno} column "
             f"{exc.colno}"))]
+    except (ValueError, RecursionError) as exc:  # huge integers, absurd nesting
+        return None, [Diagnostic(path="$", code="proposal_not_json", message=(
+            f"the answer cannot be read as JSON data: {type(exc).__name__}"))]
+    try:
+        check_json(value)  # NaN, Infinity and the like are not JSON data
+    except NotJSONError as exc:
+        return None, [Diagnostic(path=exc.path, code="proposal_not_json", message=exc.reason)]
+    except RecursionError:
+        return None, [Diagnostic(path="$", code="proposal_not_json",
+                                 message="the answer is nested too deeply")]
+    return value, []
 
 
 def check_proposal(run: TaskRun, program: ExecutionGraphProgram, proposal: Any
@@ -158,10 +177,18 @@ async def plan_task(run: TaskRun, program: ExecutionGraphProgram) -> CompiledPla
     request = first_request(run, config)
     for proposal in range(config.max_corrections + 1):
         fetched = await fetch_response(run, caller, request, _damaged(run))
-        plan, diags = parse_proposal(fetched.response)
+        journaled = run.agent_records.verdicts.get(fetched.request_digest) \
+            if fetched.replayed else None
         compiled = None
-        if not diags:
-            compiled, diags = check_proposal(run, program, plan)
+        plan: Any = None
+        if journaled is not None:
+            # A replayed rejection keeps its journaled verdict: the correction request is
+            # then the one that was sent before, even if validation words things otherwise.
+            diags = [Diagnostic(**d) for d in journaled]
+        else:
+            plan, diags = parse_proposal(fetched.response)
+            if not diags:
+                compiled, diags = check_proposal(run, program, plan)
         verdict: dict[str, Any] = {"proposal": proposal, "request_digest": fetched.request_digest,
                                    "response_digest": fetched.response_digest,
                                    "accepted": compiled is not None}
@@ -177,6 +204,7 @@ async def plan_task(run: TaskRun, program: ExecutionGraphProgram) -> CompiledPla
                 base_revision=0, revision=1, plan_digest=plan_digest,
                 add=tuple(node_record(run.key, compiled, "", n, None) for n in compiled.order),
                 admission_id=admission_id(run.header.task_id, "planner:revision:1")))
+            run.proposed_root = compiled  # installed by the loop once revision 1 commits
             await run.submit(steps, blobs)
             return compiled
         if not fetched.replayed:  # a replayed rejection's verdict is already journaled
@@ -204,7 +232,7 @@ async def committed_plan_digest(store: DurableTaskStore, header: TaskHeader) -> 
     """The plan blob digest of the task's current revision, from its journal."""
     found: str | None = None
     after = 0
-    while after < header.journal_seq:
+    while found is None and after < header.journal_seq:
         page = await store.read_timeline(TimelineRequest(key=header.key, after_seq=after,
                                                          limit=1000))
         if not page:
@@ -213,6 +241,7 @@ async def committed_plan_digest(store: DurableTaskStore, header: TaskHeader) -> 
             if entry.kind == "revision_committed" and \
                     entry.data.get("revision") == header.revision:
                 found = str(entry.data["plan_digest"])
+                break
         after = page[-1].seq
     if found is None:
         raise DataIntegrityError(

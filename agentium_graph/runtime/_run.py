@@ -32,6 +32,7 @@ from agentium_graph.errors import (
     AgentiumGraphError,
     BudgetExhaustedError,
     ConfigurationError,
+    DataIntegrityError,
     DeadlineExceededError,
     DurableRecoveryRequiredError,
     ErrorInfo,
@@ -41,6 +42,7 @@ from agentium_graph.errors import (
     PlannerFailedError,
     PlanValidationError,
     StaleFenceError,
+    StoreError,
     StoreUnavailableError,
     TaskCanceledError,
 )
@@ -51,6 +53,7 @@ from agentium_graph.runtime._admission import AdmissionController, Ticket
 from agentium_graph.runtime._agent import (
     MODEL_KIND,
     PLANNER_KIND,
+    PROPOSAL_KIND,
     TOOL_KIND,
     AgentRecords,
     run_agent,
@@ -145,6 +148,7 @@ class TaskRun:
         self.program = program if program is not None and state.header.revision == 0 \
             else None
         self.planning: asyncio.Task[CompiledPlan] | None = None
+        self.proposed_root: CompiledPlan | None = None  # submitted as revision 1
         # Set when ``state`` is what this runtime itself just created: the lease is then
         # taken by the first commit (one durable write instead of two), and ``fence`` is
         # only the expected one until that commit returns the real one.
@@ -200,7 +204,12 @@ class TaskRun:
                 any(n.kind == "agent" for n in self.nodes.values()) or self.program is not None:
             await self._load_agent_records()
         keeper = asyncio.create_task(self._keep_lease(), name=f"lease:{self.key}")
-        if self.program is not None:
+        if self.program is None and self.identity.plan is None and \
+                self.header.revision == 0 and self.cancel_reason is None:
+            raise ConfigurationError(
+                f"task {self.key!r} has no plan yet and this runtime does not know its planner "
+                "program: pass it with ExecutionGraphRuntime(programs=[...])")
+        if self.program is not None and self.cancel_reason is None:
             self.planning = asyncio.create_task(plan_task(self, self.program),
                                                 name=f"planner:{self.key}")
             self.planning.add_done_callback(lambda _t: self.wake.set())
@@ -223,7 +232,7 @@ class TaskRun:
             if not page:
                 break
             for entry in page:
-                if entry.kind in (MODEL_KIND, TOOL_KIND, PLANNER_KIND):
+                if entry.kind in (MODEL_KIND, TOOL_KIND, PLANNER_KIND, PROPOSAL_KIND):
                     self.agent_records.add(entry.kind, entry.node_id, entry.data)
             after = page[-1].seq
 
@@ -285,7 +294,13 @@ class TaskRun:
                            pending: dict[str, int]) -> list[_Submission]:
         accepted: list[_Submission] = []
         queued, self.submissions = self.submissions, []
+        halted = self.stop is not None and self.stop.reason in ("canceled", "deadline")
         for sub in queued:
+            if sub.future.done():
+                continue  # its submitter was canceled: nothing of it is committed
+            if halted and any(isinstance(step, Charge) for step in sub.steps):
+                sub.future.cancel()  # no new work is admitted once the task is stopping
+                continue
             charges: dict[str, int] = {}
             for step in sub.steps:
                 if isinstance(step, Charge):
@@ -321,6 +336,12 @@ class TaskRun:
 
     def _settle_planning(self) -> None:
         """Install the plan the planner committed, or stop the task with why it has none."""
+        if self.proposed_root is not None and self.header.revision >= 1:
+            # Revision 1 is committed: its nodes are the task's, whatever happens to the
+            # planning job now (a stop must see them to close them).
+            self.graph.set_root(self.proposed_root)
+            self.proposed_root = None
+            self.again = True
         task = self.planning
         if task is None or not task.done():
             return
@@ -330,8 +351,10 @@ class TaskRun:
             return  # a stop canceled it
         exc = task.exception()
         if exc is None:
-            self.graph.set_root(task.result())
-            self.again = True
+            return
+        if isinstance(exc, StoreError | StaleFenceError | DataIntegrityError):
+            if self.lost is None:
+                self.lost = exc  # the run ends with it; the task stays recoverable
             return
         if self.stop is not None or self.lost is not None:
             return  # the planner failed because the run is ending anyway
@@ -342,10 +365,12 @@ class TaskRun:
                 code=exc.code, message=str(exc),
                 details={"diagnostics": [d.model_dump() for d in exc.diagnostics]})))
         else:
+            what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            if isinstance(exc, TimeoutError):
+                what = "the call took longer than the planner's max_latency_ms"
             error = PlannerFailedError(
-                f"task {self.key!r}: the planner failed: {type(exc).__name__}: {exc}; fix the "
-                "provider (or its script) and create the task again",
-                details={"error": type(exc).__name__})
+                f"task {self.key!r}: the planner failed: {what}; fix the provider (or its "
+                "script) and create the task again", details={"error": type(exc).__name__})
             error.__cause__ = exc
             self._begin_stop(_Stop("failed", error, error.to_info()))
 

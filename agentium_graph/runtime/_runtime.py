@@ -91,7 +91,7 @@ _REMEMBERED_TASKS = 256
 # How a run ends on purpose: the lease was released with the final status, or is no longer
 # ours. Anything else leaves our lease behind, so it is released before re-raising.
 _RUN_OUTCOMES = (StaleFenceError, TaskCanceledError, DeadlineExceededError, NodeFailedError,
-                 DurableRecoveryRequiredError, PlanValidationError, PlannerFailedError)
+                 DurableRecoveryRequiredError)
 _REMEMBERED_NODES = 20_000
 
 
@@ -183,6 +183,7 @@ class ExecutionGraphRuntime:
         limits = limits or self.limits
         budgets = budgets or Budgets()
         grant_list = None if grants is None else tuple(sorted(set(grants)))
+        _check_supported(program)
         descriptor = program.descriptor()
         plan: CompiledPlan | None = None
         if program.plan is not None:
@@ -200,7 +201,6 @@ class ExecutionGraphRuntime:
                     path="$", code="nothing_to_plan",
                     message="the planner could use no binding: the catalog has none the "
                             "task's grants allow")])
-            self.register_program(program)
         if grant_list is not None:
             ungranted = sorted({b.id for b in used} - set(grant_list))
             if ungranted:
@@ -217,6 +217,14 @@ class ExecutionGraphRuntime:
                         f"{limits.max_expanded_nodes}")])
         now = self.clock()
         absolute, after = _deadline(deadline, now)
+        if plan is None:
+            # What the planner is shown is pinned with the task, so every process builds the
+            # same requests and recorded responses replay (descriptions are not part of a
+            # binding's descriptor).
+            descriptor = {**descriptor, "offered": [
+                {"binding": b.id, "version": b.version, "kind": b.kind,
+                 "description": b.description} for b in
+                sorted(used, key=lambda b: (b.id, b.version))]}
         identity = TaskIdentity(
             key=key, catalog_digest=self.catalog.digest, program=descriptor,
             plan=None if program.plan is None else json_copy(program.plan),
@@ -241,6 +249,8 @@ class ExecutionGraphRuntime:
         created = await self.store.create_task(CreateTaskRequest(
             header=header, identity=identity, nodes=nodes,
             admission_id=admission_id(header.task_id, "create")))
+        if program.planner is not None:
+            self._programs[(program.id, program.version)] = program
         if not created.created:
             return await self.inspect(key)  # a re-delivery: show what is stored
         self._remember_identity(identity_digest, identity)
@@ -256,11 +266,7 @@ class ExecutionGraphRuntime:
         """Let this runtime run tasks of ``program`` (needed for planner programs only)."""
         if not isinstance(program, ExecutionGraphProgram):
             raise ConfigurationError("programs must be ExecutionGraphProgram instances")
-        if program.planner is not None and program.planner.mode != "complete":
-            raise ConfigurationError(
-                f"program {program.id!r}: planner mode={program.planner.mode!r} is not "
-                "supported by this version (streamed revisions are not implemented yet); "
-                "use mode='complete'")
+        _check_supported(program)
         known = self._programs.get((program.id, program.version))
         if known is not None and known.descriptor() != program.descriptor():
             raise ConfigurationError(
@@ -268,18 +274,21 @@ class ExecutionGraphRuntime:
                 "different content; bump the version of the changed program")
         self._programs[(program.id, program.version)] = program
 
-    def _planned_program(self, identity: TaskIdentity) -> ExecutionGraphProgram | None:
-        """The registered planner program of a planned task (None for a static plan)."""
-        if identity.plan is not None:
-            return None
+    def _planned_program(self, identity: TaskIdentity, *, required: bool = True
+                         ) -> ExecutionGraphProgram | None:
+        """The registered planner program of a planned task (None when not ``required`` and
+        unknown here)."""
         pid, version = str(identity.program["id"]), str(identity.program["version"])
         program = self._programs.get((pid, version))
         if program is None:
+            if not required:
+                self._root_limits[identity.key] = RootLimits(**identity.root_limits)
+                return None
             raise ConfigurationError(
                 f"task {identity.key!r} is planned by program {pid!r} version {version!r}, "
                 "which this runtime does not know: pass it with "
                 "ExecutionGraphRuntime(programs=[...]) or register_program()")
-        if program.descriptor() != identity.program:
+        if program.descriptor() != _program_descriptor(identity):
             raise DescriptorMismatchError(
                 f"task {identity.key!r} pinned a different program {pid!r} version "
                 f"{version!r} (planner settings or limits changed); restore the original "
@@ -339,9 +348,15 @@ class ExecutionGraphRuntime:
             return await self._retained_result(key)
         _raise_terminal(header)
         identity = await self._pinned_identity(header)
-        self._check_descriptors(identity)
-        program = self._planned_program(identity)
-        plan = self._compile(identity) if program is None else None
+        planned = identity.plan is None
+        program: ExecutionGraphProgram | None = None
+        plan: CompiledPlan | None = None
+        if planned:
+            # Applying a pending cancel needs no planner, so no program either.
+            program = self._planned_program(identity, required=header.cancel is None)
+        else:
+            self._check_descriptors(identity)
+            plan = self._compile(identity)
         lease = await self._acquire(key, worker_id, wait)
         grant = lease.fence
         try:
@@ -349,6 +364,10 @@ class ExecutionGraphRuntime:
             assert snapshot is not None
             if plan is None:
                 plan = await self._planned_root(identity, snapshot.header)
+                # Before planning every pinned binding may be proposed; after it, only the
+                # ones the committed plan reaches matter (as for a static plan).
+                self._check_descriptors(identity, None if snapshot.header.revision == 0 else {
+                    f"{b.id}@{b.version}" for b in used_bindings(plan, self.catalog)})
             state = RunState(header=snapshot.header, nodes=dict(snapshot.nodes),
                              actions=dict(snapshot.actions), identity=identity,
                              outputs=await self._load_outputs(snapshot))
@@ -466,7 +485,7 @@ class ExecutionGraphRuntime:
                 await self.run(key, worker_id=f"canceler:{key}")
             except TaskCanceledError:
                 pass
-            except (LeaseHeldError, DescriptorMismatchError) as exc:
+            except (LeaseHeldError, DescriptorMismatchError, ConfigurationError) as exc:
                 log.info("task %s: cancel recorded; a worker will apply it (%s)", key, exc)
         return await self.inspect(key)
 
@@ -569,8 +588,10 @@ class ExecutionGraphRuntime:
             self._fresh_nodes -= len(dropped[1])
         return dropped
 
-    def _check_descriptors(self, identity: TaskIdentity) -> None:
+    def _check_descriptors(self, identity: TaskIdentity, only: set[str] | None = None) -> None:
         for name, pinned in sorted(identity.descriptors.items()):
+            if only is not None and name not in only:
+                continue
             binding_id, _, version = name.rpartition("@")
             current = self.catalog.descriptor(binding_id, version)
             if current is None:
@@ -677,6 +698,19 @@ async def build_view(store: DurableTaskStore, snapshot: TaskSnapshot,
         lease=header.lease, cancel=header.cancel, deadline=header.deadline, error=header.error,
         created_at=header.created_at, updated_at=header.updated_at, fence=header.fence,
         journal_length=header.journal_seq, verified=not problems, problems=tuple(problems))
+
+
+def _check_supported(program: ExecutionGraphProgram) -> None:
+    if program.planner is not None and program.planner.mode != "complete":
+        raise ConfigurationError(
+            f"program {program.id!r}: planner mode={program.planner.mode!r} is not "
+            "supported by this version (streamed revisions are not implemented yet); "
+            "use mode='complete'")
+
+
+def _program_descriptor(identity: TaskIdentity) -> dict[str, Any]:
+    """The program descriptor a task pinned (a planned task also pins what it offers)."""
+    return {k: v for k, v in identity.program.items() if k != "offered"}
 
 
 def used_bindings(plan: CompiledPlan, catalog: HostCatalog) -> list[Binding]:
