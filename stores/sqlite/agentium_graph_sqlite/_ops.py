@@ -6,6 +6,13 @@ and writes blobs first (insert-if-absent), then changed rows, journal rows and t
 Holding the write lock across that read-modify-write is what keeps fencing exact across
 connections and processes. The transition rules themselves live in
 :mod:`agentium_graph.store._transitions`; nothing here re-implements them.
+
+A store also keeps what it last wrote of a task (:class:`Kept`): the header row's text and
+the records behind it. The next transaction still reads the header row, and uses the kept
+records only if that row's text is exactly what this store wrote; anything another
+connection or process did in between changes it (every node or admission write also rewrites
+the header with a higher ``seq``, and a cancel request rewrites its own field), and then the
+task is read from its rows as usual.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import json
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 from pydantic import TypeAdapter
 
@@ -64,16 +71,20 @@ _ENTRIES = TypeAdapter(list[JournalEntry])  # a journal row: one commit's entrie
 # spills to overflow pages). Bigger records (many attempts, long errors) just grow.
 NODE_SLOT = 900
 _CHUNK = 500  # bound on "?" placeholders per IN (...) list
+# json.dumps(c, sort_keys=True) builds a new encoder per call; this is the same encoder.
+_charges_text: Final = json.JSONEncoder(sort_keys=True).encode
 
 
 class Writer:
     """Collects one transaction's writes so they can be counted (bytes) and batched."""
 
-    __slots__ = ("bytes", "conn")
+    __slots__ = ("bytes", "conn", "kept")
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
         self.bytes = 0
+        # What to remember once the transaction has committed (see :class:`Kept`).
+        self.kept: tuple[Kept, str, _Task] | None = None
 
     def many(self, sql: str, rows: Sequence[tuple[str | int, ...]], *,
              text_columns: slice | int = slice(1, None)) -> None:
@@ -83,21 +94,25 @@ class Writer:
             return
         part = slice(0, text_columns) if isinstance(text_columns, int) else text_columns
         for row in rows:
-            self.bytes += sum(len(v.encode()) for v in row[part] if isinstance(v, str))
+            for v in row[part]:
+                if isinstance(v, str):
+                    self.bytes += len(v) if v.isascii() else len(v.encode())
         if len(rows) == 1:
             self.conn.execute(sql, rows[0])
         else:
             self.conn.executemany(sql, rows)
 
-    def header(self, header: TaskHeader, previous: TaskHeader) -> None:
+    def header(self, header: TaskHeader, previous: TaskHeader) -> str:
+        """Write ``header`` (the task's row exists); returns the row's new text."""
         text = header.model_dump_json()
-        self.bytes += len(text.encode())
+        self.bytes += len(text) if text.isascii() else len(text.encode())
         # Naming status in SET rewrites its index entry even when unchanged: a page per commit.
         if header.status == previous.status:
             self.conn.execute("UPDATE tasks SET header = ? WHERE key = ?", (text, header.key))
         else:
             self.conn.execute("UPDATE tasks SET status = ?, header = ? WHERE key = ?",
                               (header.status, text, header.key))
+        return text
 
     def blobs(self, blobs: dict[str, str]) -> None:
         self.many("INSERT OR IGNORE INTO blobs (digest, body) VALUES (?, ?)",
@@ -108,6 +123,96 @@ class Writer:
         if entries:
             self.many("INSERT INTO journal (key, seq, entries) VALUES (?, ?, ?)",
                       [(key, entries[-1].seq, _ENTRIES.dump_json(list(entries)).decode())])
+
+
+class _Task:
+    """What a store knows of one task as of the header row text ``text``.
+
+    ``header`` is private: nothing handed to a caller shares a mutable container (its
+    ``counters`` and ``limits`` dicts, an error's ``details``) with it. ``nodes`` holds node
+    records that have no mutable parts (shared with callers, like any frozen value), or None
+    for a row that exists but whose record is not kept. ``charged``: admission ids known to
+    exist. With ``all_nodes`` / ``all_charged`` every row of the task is in there, so an id
+    that is not is known to be absent.
+    """
+
+    __slots__ = ("all_charged", "all_nodes", "charged", "header", "nodes", "text")
+
+    def __init__(self, text: str, header: TaskHeader, nodes: dict[str, NodeRecord | None],
+                 charged: set[str], *, all_nodes: bool, all_charged: bool) -> None:
+        self.text = text
+        self.header = header
+        self.nodes = nodes
+        self.charged = charged
+        self.all_nodes = all_nodes
+        self.all_charged = all_charged
+
+
+class Kept:
+    """Per store: the tasks it wrote last (least recently used dropped first), bounded by
+    task count and by node records in all. Used only on the store's worker thread.
+
+    A transaction *takes* its task's entry and puts a new one back only after its COMMIT
+    succeeded, so a failed or rolled-back transaction simply forgets the task."""
+
+    __slots__ = ("_nodes", "_tasks", "max_nodes", "max_tasks")
+
+    def __init__(self, max_tasks: int = 64, max_nodes: int = 10_000) -> None:
+        self._tasks: dict[str, _Task] = {}
+        self._nodes = 0
+        self.max_tasks = max_tasks
+        self.max_nodes = max_nodes
+
+    def take(self, key: str) -> _Task | None:
+        task = self._tasks.pop(key, None)
+        if task is not None:
+            self._nodes -= len(task.nodes)
+        return task
+
+    def put(self, key: str, task: _Task) -> None:
+        self.take(key)
+        if len(task.nodes) > self.max_nodes:
+            return
+        self._tasks[key] = task
+        self._nodes += len(task.nodes)
+        while len(self._tasks) > self.max_tasks or self._nodes > self.max_nodes:
+            self.take(next(iter(self._tasks)))
+
+    def clear(self) -> None:
+        self._tasks.clear()
+        self._nodes = 0
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+
+def _private(header: TaskHeader, text: str) -> TaskHeader:
+    """A header equal to ``header`` (whose JSON is ``text``) sharing no mutable container."""
+    if header.error is not None:  # ErrorInfo.details is a dict: a fresh parse owns its own
+        return TaskHeader.model_validate_json(text)
+    return header.model_copy(update={"counters": dict(header.counters),
+                                     "limits": dict(header.limits)})
+
+
+def _shareable(rec: NodeRecord) -> NodeRecord | None:
+    """``rec`` when it holds nothing mutable (no error details, tuples as declared)."""
+    if rec.error is None and type(rec.attempts) is tuple and type(rec.deps) is tuple:
+        return rec
+    return None
+
+
+def _remember(w: Writer, kept: Kept, text: str, header: TaskHeader, task: _Task | None,
+              nodes: Mapping[str, NodeRecord], charged: Iterable[str]) -> None:
+    """After COMMIT, remember the header written as ``text`` and ``nodes`` (records now in
+    their rows: loaded or written), on top of what was known of the task before."""
+    if task is None:
+        task = _Task(text, header, {}, set(), all_nodes=False, all_charged=False)
+    task.text = text
+    task.header = _private(header, text)
+    for node_id, rec in nodes.items():
+        task.nodes[node_id] = _shareable(rec)
+    task.charged.update(charged)
+    w.kept = (kept, header.key, task)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +235,9 @@ def write_txn(conn: sqlite3.Connection,
     except BaseException:
         _rollback(conn)
         raise
+    if writer.kept is not None:
+        kept, key, task = writer.kept
+        kept.put(key, task)
     return Outcome(result, wrote, writer.bytes if wrote else 0)
 
 
@@ -174,17 +282,23 @@ def _header(conn: sqlite3.Connection, key: str) -> TaskHeader | None:
     return None if row is None else TaskHeader.model_validate_json(row[0])
 
 
-def _existing_header(conn: sqlite3.Connection, key: str) -> TaskHeader:
-    header = _header(conn, key)
-    if header is None:
+def _current(conn: sqlite3.Connection, kept: Kept,
+             key: str) -> tuple[TaskHeader, _Task | None]:
+    """The task's header and, when the row is exactly what this store last wrote, what it
+    knows of the task (taken out of ``kept``: the caller puts back what it commits)."""
+    row = conn.execute("SELECT header FROM tasks WHERE key = ?", (key,)).fetchone()
+    task = kept.take(key)
+    if row is None:
         raise TaskNotFoundError(key)
-    return header
+    if task is not None and task.text == row[0]:
+        return task.header, task
+    return TaskHeader.model_validate_json(row[0]), None
 
 
 # --- mutating operations -------------------------------------------------------------------
 
-def create_task(conn: sqlite3.Connection,
-                request: CreateTaskRequest) -> Outcome[CreateTaskResult]:
+def create_task(conn: sqlite3.Connection, request: CreateTaskRequest,
+                kept: Kept) -> Outcome[CreateTaskResult]:
     def body(w: Writer) -> tuple[CreateTaskResult, bool]:
         key = request.header.key
         existing = _header(conn, key)
@@ -201,87 +315,127 @@ def create_task(conn: sqlite3.Connection,
                [(key, request.header.status, header_text)])
         w.many("INSERT INTO identities (key, identity) VALUES (?, ?)",
                [(key, request.identity.model_dump_json())])
-        _upsert(w, "nodes", "node_id", key, {},
-                {n.node_id: n.model_dump_json() for n in request.nodes}, slot=NODE_SLOT)
+        nodes = {n.node_id: n for n in request.nodes}
+        _upsert(w, _NODES, key, {}, {i: n.model_dump_json() for i, n in nodes.items()})
         w.many("INSERT INTO admissions (key, admission_id, charges) VALUES (?, ?, ?)",
                [(key, request.admission_id, "{}")])
         w.journal(key, [entry])
+        # Every row of the task was written just now: what is not kept does not exist.
+        task = _Task(header_text, request.header, {}, set(), all_nodes=True, all_charged=True)
+        _remember(w, kept, header_text, request.header, task, nodes, (request.admission_id,))
         return CreateTaskResult(created=True,
                                 header=TaskHeader.model_validate_json(header_text)), True
     return write_txn(conn, body)
 
 
-def acquire(conn: sqlite3.Connection, request: AcquireLeaseRequest) -> Outcome[LeaseGrant]:
+def acquire(conn: sqlite3.Connection, request: AcquireLeaseRequest,
+            kept: Kept) -> Outcome[LeaseGrant]:
     def body(w: Writer) -> tuple[LeaseGrant, bool]:
         key = request.key
-        current = _existing_header(conn, key)
-        nodes, actions, charged = _load(conn, key, needs(request.steps))
+        current, task = _current(conn, kept, key)
+        nodes, actions, charged = _load(conn, key, needs(request.steps), task)
         header, journal, delta = acquire_with_steps(current, nodes, actions, charged, request)
         if delta is not None:
             _write_delta(w, key, delta, request.blobs, nodes, actions)
+            nodes.update(delta.nodes)
+            charged.update(delta.charges)
         w.journal(key, journal)
-        w.header(header, current)
+        text = w.header(header, current)
         # Read inside the write transaction: exactly the state the new fence starts from.
         snapshot = _snapshot(conn, header) if request.snapshot else None
+        if snapshot is not None:  # every node row of the task, read just now
+            nodes = snapshot.nodes
+            task = _Task(text, header, {}, set() if task is None else task.charged,
+                         all_nodes=True, all_charged=task is not None and task.all_charged)
+        _remember(w, kept, text, header, task, nodes, charged)
         return LeaseGrant(fence=header.fence, expires_at=lease_expiry(request),
                           header=header, snapshot=snapshot,
                           commit=None if delta is None else delta.result()), True
     return write_txn(conn, body)
 
 
-def renew(conn: sqlite3.Connection, request: RenewLeaseRequest) -> Outcome[LeaseStatus]:
+def renew(conn: sqlite3.Connection, request: RenewLeaseRequest,
+          kept: Kept) -> Outcome[LeaseStatus]:
     def body(w: Writer) -> tuple[LeaseStatus, bool]:
-        current = _existing_header(conn, request.key)
+        current, task = _current(conn, kept, request.key)
         header = renew_lease(current, request)
-        w.header(header, current)
+        _remember(w, kept, w.header(header, current), header, task, {}, ())
         assert header.lease is not None
         return LeaseStatus(fence=header.fence, expires_at=header.lease.expires_at,
                            cancel=header.cancel), True
     return write_txn(conn, body)
 
 
-def release(conn: sqlite3.Connection, request: ReleaseLeaseRequest) -> Outcome[TaskHeader]:
+def release(conn: sqlite3.Connection, request: ReleaseLeaseRequest,
+            kept: Kept) -> Outcome[TaskHeader]:
     def body(w: Writer) -> tuple[TaskHeader, bool]:
-        current = _existing_header(conn, request.key)
+        current, task = _current(conn, kept, request.key)
         header = release_lease(current, request)
-        w.header(header, current)
+        _remember(w, kept, w.header(header, current), header, task, {}, ())
         return header, True
     return write_txn(conn, body)
 
 
-def cancel(conn: sqlite3.Connection, request: CancelTaskRequest) -> Outcome[TaskHeader]:
+def cancel(conn: sqlite3.Connection, request: CancelTaskRequest,
+           kept: Kept) -> Outcome[TaskHeader]:
     def body(w: Writer) -> tuple[TaskHeader, bool]:
-        current = _existing_header(conn, request.key)
+        current, task = _current(conn, kept, request.key)
         header = request_cancel(current, request)
         if header is None:
+            # ``current`` may be the kept header: it goes to the caller, so the task's
+            # entry (already taken out) is not put back.
             return current, False
-        w.header(header, current)
+        _remember(w, kept, w.header(header, current), header, task, {}, ())
         return header, True
     return write_txn(conn, body)
 
 
-def commit(conn: sqlite3.Connection, request: CommitRequest) -> Outcome[CommitResult]:
+def commit(conn: sqlite3.Connection, request: CommitRequest,
+           kept: Kept) -> Outcome[CommitResult]:
     def body(w: Writer) -> tuple[CommitResult, bool]:
         key = request.key
-        header = _existing_header(conn, key)
-        nodes, actions, charged = _load(conn, key, needs(request.steps))
+        header, task = _current(conn, kept, key)
+        nodes, actions, charged = _load(conn, key, needs(request.steps), task)
         delta = apply_commit(header, nodes, actions, charged, request)
         _write_delta(w, key, delta, request.blobs, nodes, actions)
         w.journal(key, delta.journal)
-        w.header(delta.header, header)
+        text = w.header(delta.header, header)
+        nodes.update(delta.nodes)
+        charged.update(delta.charges)
+        _remember(w, kept, text, delta.header, task, nodes, charged)
         return delta.result(), True
     return write_txn(conn, body)
 
 
-def _load(conn: sqlite3.Connection, key: str,
-          need: Needs) -> tuple[dict[str, NodeRecord], dict[str, ActionRecord], set[str]]:
-    """The node and action records and charged admission ids a transition needs."""
-    nodes = {i: NodeRecord.model_validate_json(text) for i, text in _rows_in(
-        conn, "nodes", "node_id", "record", key, need.node_ids).items()}
+def _load(conn: sqlite3.Connection, key: str, need: Needs, task: _Task | None,
+          ) -> tuple[dict[str, NodeRecord], dict[str, ActionRecord], set[str]]:
+    """The node and action records and charged admission ids a transition needs: from
+    ``task`` (what this store knows, valid for the header just read) where it can tell,
+    else from the rows."""
+    node_ids: Iterable[str] = need.node_ids
+    admission_ids: Iterable[str] = need.admission_ids
+    nodes: dict[str, NodeRecord] = {}
+    charged: set[str] = set()
+    if task is not None:
+        known, all_nodes, missing = task.nodes, task.all_nodes, []
+        for node_id in node_ids:
+            rec = known.get(node_id)
+            if rec is not None:
+                nodes[node_id] = rec
+            elif not all_nodes or node_id in known:  # unknown, or a row not kept
+                missing.append(node_id)
+        node_ids = missing
+        charged = task.charged.intersection(need.admission_ids)
+        admission_ids = () if task.all_charged else need.admission_ids - charged
+    if node_ids:
+        nodes.update((i, NodeRecord.model_validate_json(text)) for i, text in _rows_in(
+            conn, "nodes", "node_id", "record", key, node_ids).items())
     actions = {i: ActionRecord.model_validate_json(text) for i, text in _rows_in(
-        conn, "actions", "action_id", "record", key, need.action_ids).items()}
-    charged = set(_rows_in(conn, "admissions", "admission_id", "charges", key,
-                           need.admission_ids))
+        conn, "actions", "action_id", "record", key, need.action_ids).items()} \
+        if need.action_ids else {}
+    if admission_ids:
+        charged.update(_rows_in(conn, "admissions", "admission_id", "charges", key,
+                                admission_ids))
     return nodes, actions, charged
 
 
@@ -293,33 +447,57 @@ def _write_delta(w: Writer, key: str, delta: Delta, blobs: dict[str, str],
     place: ``INSERT OR REPLACE`` deletes and re-inserts, and the delete can leave a page
     underfull and rebalance its siblings, about three page writes per node transition."""
     w.blobs(blobs)
-    _upsert(w, "nodes", "node_id", key, nodes,
-            {i: n.model_dump_json() for i, n in delta.nodes.items()}, slot=NODE_SLOT)
-    _upsert(w, "actions", "action_id", key, actions,
-            {i: a.model_dump_json() for i, a in delta.actions.items()})
-    w.many("INSERT INTO admissions (key, admission_id, charges) VALUES (?, ?, ?)",
-           [(key, i, json.dumps(c, sort_keys=True)) for i, c in delta.charges.items()])
+    _upsert(w, _NODES, key, nodes, {i: n.model_dump_json() for i, n in delta.nodes.items()})
+    if delta.actions:
+        _upsert(w, _ACTIONS, key, actions,
+                {i: a.model_dump_json() for i, a in delta.actions.items()})
+    if delta.charges:
+        w.many("INSERT INTO admissions (key, admission_id, charges) VALUES (?, ?, ?)",
+               [(key, i, _charges_text(c)) for i, c in delta.charges.items()])
 
 
-def _upsert(w: Writer, table: str, column: str, key: str, existing: Mapping[str, object],
-            texts: dict[str, str], *, slot: int = 0) -> None:
-    """UPDATE the rows in ``existing``, INSERT the others. With ``slot``, each row gets
-    zero-filled slack up to ``slot`` bytes (the table has a ``slack`` column)."""
-    def pad(text: str) -> tuple[int, ...]:
-        return (_slack(text, slot),) if slot else ()
+@dataclass(frozen=True, slots=True)
+class _Table:
+    """A record table's statements (constant texts: sqlite3 caches them prepared)."""
 
-    set_slack, slack_column, slack_value = \
-        (", slack = zeroblob(?)", ", slack", ", zeroblob(?)") if slot else ("", "", "")
-    w.many(f"UPDATE {table} SET record = ?{set_slack} WHERE key = ? AND {column} = ?",
-           [(t, *pad(t), key, i) for i, t in texts.items() if i in existing], text_columns=1)
-    w.many(f"INSERT INTO {table} (key, {column}, record{slack_column}) VALUES "
-           f"(?, ?, ?{slack_value})",
-           [(key, i, t, *pad(t)) for i, t in texts.items() if i not in existing])
+    update: str
+    insert: str
+    slot: int  # with slot > 0 each row gets zero-filled slack up to ``slot`` bytes
 
 
-def _slack(text: str, slot: int) -> int:
-    size = len(text) if text.isascii() else len(text.encode())
-    return max(0, slot - size)
+def _table(table: str, column: str, slot: int = 0) -> _Table:
+    if slot:
+        return _Table(f"UPDATE {table} SET record = ?, slack = zeroblob(?) "
+                      f"WHERE key = ? AND {column} = ?",
+                      f"INSERT INTO {table} (key, {column}, record, slack) "
+                      "VALUES (?, ?, ?, zeroblob(?))", slot)
+    return _Table(f"UPDATE {table} SET record = ? WHERE key = ? AND {column} = ?",
+                  f"INSERT INTO {table} (key, {column}, record) VALUES (?, ?, ?)", 0)
+
+
+_NODES: Final = _table("nodes", "node_id", NODE_SLOT)
+_ACTIONS: Final = _table("actions", "action_id")
+
+
+def _upsert(w: Writer, table: _Table, key: str, existing: Mapping[str, object],
+            texts: dict[str, str]) -> None:
+    """UPDATE the rows in ``existing``, INSERT the others (with slack if the table has it)."""
+    updates: list[tuple[str | int, ...]] = []
+    inserts: list[tuple[str | int, ...]] = []
+    slot = table.slot
+    for i, t in texts.items():
+        if slot:
+            slack = max(0, slot - (len(t) if t.isascii() else len(t.encode())))
+            if i in existing:
+                updates.append((t, slack, key, i))
+            else:
+                inserts.append((key, i, t, slack))
+        elif i in existing:
+            updates.append((t, key, i))
+        else:
+            inserts.append((key, i, t))
+    w.many(table.update, updates, text_columns=1)
+    w.many(table.insert, inserts)
 
 
 # --- reads -------------------------------------------------------------------------------

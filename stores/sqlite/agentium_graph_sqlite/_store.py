@@ -46,6 +46,7 @@ from agentium_graph_sqlite._errors import BusyError, busy_exhausted, mapped_erro
 from agentium_graph_sqlite._schema import Settings, open_database
 
 T = TypeVar("T")
+R = TypeVar("R")
 Synchronous = Literal["FULL", "NORMAL"]
 
 
@@ -209,6 +210,8 @@ class SQLiteDurableTaskStore:
         self._pid = os.getpid()
         self._inherited: list[tuple[_Worker, sqlite3.Connection | None]] = []
         self._stats = SQLiteStoreStats()
+        # What the worker thread last wrote of each task (see _ops.Kept); worker thread only.
+        self._kept = _ops.Kept()
 
     # --- properties ---------------------------------------------------------------------
     @property
@@ -247,6 +250,7 @@ class SQLiteDurableTaskStore:
                 # connections must not cross fork, so keep them untouched and start afresh.
                 self._inherited.append((self._executor, self._conn))
                 self._executor, self._conn = None, None
+                self._kept = _ops.Kept()
             if self._executor is None:
                 self._executor = _Worker("agentium-sqlite")
                 self._pid = os.getpid()
@@ -301,6 +305,12 @@ class SQLiteDurableTaskStore:
             self._bump(commits=1, bytes_written=outcome.bytes)
         return outcome.result
 
+    def _op(self, fn: Callable[[sqlite3.Connection, R, _ops.Kept], _ops.Outcome[T]],
+            request: R) -> Callable[[sqlite3.Connection], _ops.Outcome[T]]:
+        """A mutating operation bound to its request and this store's kept tasks."""
+        # self._kept is read on the worker thread: a forked child replaces it first.
+        return lambda conn: fn(conn, request, self._kept)
+
     async def _read(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
         result = await self._submit(op, fn)
         self._bump(reads=1)
@@ -314,8 +324,7 @@ class SQLiteDurableTaskStore:
 
     # --- DurableTaskStore -----------------------------------------------------------------
     async def create_task(self, request: CreateTaskRequest) -> CreateTaskResult:
-        return await self._write("create_task",
-                                 functools.partial(_ops.create_task, request=request))
+        return await self._write("create_task", self._op(_ops.create_task, request))
 
     async def get_header(self, key: str) -> TaskHeader | None:
         return await self._read("get_header", functools.partial(_ops.get_header, key=key))
@@ -332,22 +341,19 @@ class SQLiteDurableTaskStore:
                                 functools.partial(_ops.list_tasks, request=request))
 
     async def acquire_lease(self, request: AcquireLeaseRequest) -> LeaseGrant:
-        return await self._write("acquire_lease",
-                                 functools.partial(_ops.acquire, request=request))
+        return await self._write("acquire_lease", self._op(_ops.acquire, request))
 
     async def renew_lease(self, request: RenewLeaseRequest) -> LeaseStatus:
-        return await self._write("renew_lease", functools.partial(_ops.renew, request=request))
+        return await self._write("renew_lease", self._op(_ops.renew, request))
 
     async def release_lease(self, request: ReleaseLeaseRequest) -> TaskHeader:
-        return await self._write("release_lease",
-                                 functools.partial(_ops.release, request=request))
+        return await self._write("release_lease", self._op(_ops.release, request))
 
     async def request_cancel(self, request: CancelTaskRequest) -> TaskHeader:
-        return await self._write("request_cancel",
-                                 functools.partial(_ops.cancel, request=request))
+        return await self._write("request_cancel", self._op(_ops.cancel, request))
 
     async def commit(self, request: CommitRequest) -> CommitResult:
-        return await self._write("commit", functools.partial(_ops.commit, request=request))
+        return await self._write("commit", self._op(_ops.commit, request))
 
     async def get_blobs(self, digests: Sequence[str]) -> dict[str, str]:
         if not digests:
@@ -381,6 +387,7 @@ class SQLiteDurableTaskStore:
 
     def _close_connection(self) -> None:
         conn, self._conn = self._conn, None
+        self._kept.clear()
         if conn is not None:
             with mapped_errors(self.path, "close"):
                 conn.close()

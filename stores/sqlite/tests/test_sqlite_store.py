@@ -457,8 +457,11 @@ async def test_a_commit_reads_only_the_rows_its_steps_need(
                 if sql.startswith(("INSERT", "UPDATE"))]
 
     nodes = [f"n{i}" for i in range(30)]
+    async with SQLiteDurableTaskStore(db_path) as creator:
+        await creator.create_task(create_request("k", nodes))
+    # Another store: it knows nothing of the task yet, so it reads the rows it needs. (The
+    # store that created the task would read only the header: test_sqlite_kept.py.)
     async with SQLiteDurableTaskStore(db_path) as store:
-        await store.create_task(create_request("k", nodes))
         await store.acquire_lease(acquire_request("k"))
         statements.clear()
         await store.commit(commit_request("k", 1, [
@@ -479,6 +482,9 @@ async def test_a_commit_reads_only_the_rows_its_steps_need(
         # The status is unchanged, so its index entry is not rewritten.
         assert writes() == ["INSERT OR IGNORE INTO blobs", _NODE_UPDATE,
                             "INSERT INTO journal", "UPDATE tasks SET header = ? WHERE key = ?"]
+        # n7 is the record this store just wrote, and the header row is still its own.
+        assert [sql for sql, _ in statements if sql.startswith("SELECT")] == [
+            "SELECT header FROM tasks WHERE key = ?"]
 
 
 async def test_node_rows_keep_one_size_while_their_records_grow(db_path: Path) -> None:
