@@ -1,19 +1,45 @@
 """The in-memory store: the reference implementation and test fixture (not durable).
 
-Records are kept as JSON text and parsed on every read, so it behaves like a database:
-callers always get fresh copies and can never mutate stored state in place. Each
-operation runs without awaiting between its read and its write, which makes it atomic
-under any number of concurrent asyncio callers.
+Task headers, node records and action records are kept as the frozen model objects
+themselves, so a commit parses and serializes none of them. Frozen models cannot be
+reassigned, but some hold mutable containers (``TaskHeader.counters``/``limits``,
+``ErrorInfo.details`` of a header's or node's error, ``ActionRecord.origin``/
+``resolution``). The store keeps the isolation a database gives (nothing a caller holds
+can change stored state, and stored state never changes what a caller holds) by one rule:
+
+* **Every write stores its own copies** of those containers (the ``_own_*`` functions);
+  values typed ``Any`` are copied as JSON values, as if written to a database and read
+  back. A node record without an error has no mutable container (``deps`` and
+  ``attempts`` are tuples of immutable values), so it is stored as it is.
+* **Every read hands out copies** of them: a caller never holds a stored container.
+* **A write returns what** :mod:`~agentium_graph.store._transitions` **built**, uncopied.
+  The transitions are pure: they only read the stored records they are given and build
+  new ones with ``model_copy``, which shares nested containers with the record it copies.
+  So a result may share containers with the request (the caller's own objects) and with
+  the stored records this very write replaces (e.g. a new header's ``limits``), but never
+  with anything the store keeps afterwards.
+
+The journal (appended on every commit, read rarely) and the identity (written once) stay
+JSON text: text is immutable and, unlike many small long-lived objects, costs the garbage
+collector nothing.
+
+Each operation runs without awaiting between its read and its write, which makes it atomic
+under any number of concurrent asyncio callers. A write makes every copy before it changes
+anything, so one refused while copying (data that is not JSON) changes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Any
 
-from agentium_graph.errors import TaskNotFoundError
+from pydantic_core import to_jsonable_python
+
+from agentium_graph.errors import ErrorInfo, TaskNotFoundError
 from agentium_graph.store._records import (
     ActionRecord,
     JournalEntry,
@@ -52,8 +78,56 @@ from agentium_graph.store._transitions import (
 )
 
 
+def _json_copy(value: dict[str, Any]) -> dict[str, Any]:
+    """A deep copy of ``value`` made of JSON values only (raises if it is not JSON)."""
+    copied: dict[str, Any] = to_jsonable_python(value)
+    return copied
+
+
+def _own_error(error: ErrorInfo | None) -> ErrorInfo | None:
+    return None if error is None else error.model_copy(
+        update={"details": _json_copy(error.details)})
+
+
+def _own_header(header: TaskHeader) -> TaskHeader:
+    update: dict[str, Any] = {"counters": dict(header.counters),
+                              "limits": dict(header.limits)}
+    if header.error is not None:
+        update["error"] = _own_error(header.error)
+    return header.model_copy(update=update)
+
+
+def _own_node(node: NodeRecord) -> NodeRecord:
+    # Only ``error.details`` is mutable: ``deps`` and ``attempts`` are immutable tuples.
+    return node if node.error is None else node.model_copy(
+        update={"error": _own_error(node.error)})
+
+
+def _own_action(action: ActionRecord) -> ActionRecord:
+    resolution = action.resolution
+    return action.model_copy(update={
+        "origin": _json_copy(action.origin),
+        "resolution": None if resolution is None else _json_copy(resolution)})
+
+
+@dataclass
+class _Task:
+    """One task's stored state (see the module docstring for what is private)."""
+
+    header: TaskHeader
+    identity: str  # written once and read rarely: kept as JSON text
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    actions: dict[str, ActionRecord] = field(default_factory=dict)
+    admissions: dict[str, dict[str, int]] = field(default_factory=dict)  # id -> charged
+    journal: list[str] = field(default_factory=list)  # entries as JSON text
+
+
 @dataclass
 class _Row:
+    """A task's state as JSON text: what ``tests/test_store_conformance_memory.py`` saves
+    to a file (through :attr:`InMemoryDurableTaskStore._rows`) to share it between
+    processes."""
+
     header: str
     identity: str
     nodes: dict[str, str] = field(default_factory=dict)
@@ -66,7 +140,7 @@ class InMemoryDurableTaskStore:
     """A process-local store. ``capabilities.durable`` is False: it cannot survive a crash."""
 
     def __init__(self) -> None:
-        self._rows: dict[str, _Row] = {}
+        self._tasks: dict[str, _Task] = {}
         self._blobs: dict[str, str] = {}
         self._capabilities = StoreCapabilities(durable=False, multi_process=False,
                                                name="memory")
@@ -75,138 +149,158 @@ class InMemoryDurableTaskStore:
     def capabilities(self) -> StoreCapabilities:
         return self._capabilities
 
-    def _row(self, key: str) -> _Row:
-        row = self._rows.get(key)
-        if row is None:
+    @property
+    def _rows(self) -> dict[str, _Row]:
+        """Every task as JSON text; assigning it replaces the store's tasks."""
+        return {key: _Row(
+            header=task.header.model_dump_json(), identity=task.identity,
+            nodes={k: v.model_dump_json() for k, v in task.nodes.items()},
+            actions={k: v.model_dump_json() for k, v in task.actions.items()},
+            admissions={k: json.dumps(v) for k, v in task.admissions.items()},
+            journal=list(task.journal))
+            for key, task in self._tasks.items()}
+
+    @_rows.setter
+    def _rows(self, rows: dict[str, _Row]) -> None:
+        # Freshly parsed records: nothing else holds them, so they are the private copies.
+        self._tasks = {key: _Task(
+            header=TaskHeader.model_validate_json(row.header), identity=row.identity,
+            nodes={k: NodeRecord.model_validate_json(v) for k, v in row.nodes.items()},
+            actions={k: ActionRecord.model_validate_json(v) for k, v in row.actions.items()},
+            admissions={k: json.loads(v) for k, v in row.admissions.items()},
+            journal=list(row.journal))
+            for key, row in rows.items()}
+
+    def _task(self, key: str) -> _Task:
+        task = self._tasks.get(key)
+        if task is None:
             raise TaskNotFoundError(key)
-        return row
+        return task
 
     async def create_task(self, request: CreateTaskRequest) -> CreateTaskResult:
         await asyncio.sleep(0)
         key = request.header.key
-        row = self._rows.get(key)
-        if row is not None:
-            existing = TaskHeader.model_validate_json(row.header)
-            if existing.identity_digest != request.header.identity_digest:
-                identity_conflict(TaskIdentity.model_validate_json(row.identity),
+        task = self._tasks.get(key)
+        if task is not None:
+            if task.header.identity_digest != request.header.identity_digest:
+                identity_conflict(TaskIdentity.model_validate_json(task.identity),
                                   request.identity)
-            return CreateTaskResult(created=False, header=existing)
+            return CreateTaskResult(created=False, header=_own_header(task.header))
         entry = creation_entry(request)
+        task = _Task(header=_own_header(request.header),
+                     identity=request.identity.model_dump_json(),
+                     nodes={node.node_id: _own_node(node) for node in request.nodes},
+                     admissions={request.admission_id: {}}, journal=[entry.model_dump_json()])
         for digest_, text in request.blobs.items():
             self._blobs.setdefault(digest_, text)
-        row = _Row(header=request.header.model_dump_json(),
-                   identity=request.identity.model_dump_json())
-        for node in request.nodes:
-            row.nodes[node.node_id] = node.model_dump_json()
-        row.admissions[request.admission_id] = "{}"
-        row.journal.append(entry.model_dump_json())
-        self._rows[key] = row
-        return CreateTaskResult(created=True, header=TaskHeader.model_validate_json(row.header))
+        self._tasks[key] = task
+        return CreateTaskResult(created=True, header=_own_header(task.header))
 
     async def get_header(self, key: str) -> TaskHeader | None:
         await asyncio.sleep(0)
-        row = self._rows.get(key)
-        return None if row is None else TaskHeader.model_validate_json(row.header)
+        task = self._tasks.get(key)
+        return None if task is None else _own_header(task.header)
 
     async def get_task(self, key: str) -> TaskSnapshot | None:
         await asyncio.sleep(0)
-        row = self._rows.get(key)
-        return None if row is None else self._snapshot(row)
+        task = self._tasks.get(key)
+        return None if task is None else self._snapshot(task)
 
     @staticmethod
-    def _snapshot(row: _Row) -> TaskSnapshot:
+    def _snapshot(task: _Task) -> TaskSnapshot:
         return TaskSnapshot(
-            header=TaskHeader.model_validate_json(row.header),
-            nodes={k: NodeRecord.model_validate_json(v) for k, v in row.nodes.items()},
-            actions={k: ActionRecord.model_validate_json(v) for k, v in row.actions.items()})
+            header=_own_header(task.header),
+            nodes={k: _own_node(v) for k, v in task.nodes.items()},
+            actions={k: _own_action(v) for k, v in task.actions.items()})
 
     async def get_identity(self, key: str) -> TaskIdentity | None:
         await asyncio.sleep(0)
-        row = self._rows.get(key)
-        return None if row is None else TaskIdentity.model_validate_json(row.identity)
+        task = self._tasks.get(key)
+        return None if task is None else TaskIdentity.model_validate_json(task.identity)
 
     async def list_tasks(self, request: ListTasksRequest) -> list[TaskHeader]:
         await asyncio.sleep(0)
         out: list[TaskHeader] = []
-        for key in sorted(self._rows):
+        for key in sorted(self._tasks):
             if request.after is not None and key <= request.after:
                 continue
-            header = TaskHeader.model_validate_json(self._rows[key].header)
+            header = self._tasks[key].header
             if request.status is None or header.status == request.status:
-                out.append(header)
+                out.append(_own_header(header))
                 if len(out) >= request.limit:
                     break
         return out
 
     async def acquire_lease(self, request: AcquireLeaseRequest) -> LeaseGrant:
         await asyncio.sleep(0)
-        row = self._row(request.key)
-        nodes, actions, charged = self._loaded(row, needs(request.steps))
-        header, journal, delta = acquire_with_steps(
-            TaskHeader.model_validate_json(row.header), nodes, actions, charged, request)
-        self._persist(row, header, journal, delta, request.blobs)
-        snapshot = self._snapshot(row) if request.snapshot else None
+        task = self._task(request.key)
+        nodes, actions, charged = self._loaded(task, needs(request.steps))
+        header, journal, delta = acquire_with_steps(task.header, nodes, actions, charged,
+                                                    request)
+        self._persist(task, header, journal, delta, request.blobs)
+        snapshot = self._snapshot(task) if request.snapshot else None
         return LeaseGrant(fence=header.fence, expires_at=lease_expiry(request), header=header,
                           snapshot=snapshot, commit=None if delta is None else delta.result())
 
     async def renew_lease(self, request: RenewLeaseRequest) -> LeaseStatus:
         await asyncio.sleep(0)
-        row = self._row(request.key)
-        header = renew_lease(TaskHeader.model_validate_json(row.header), request)
-        row.header = header.model_dump_json()
+        task = self._task(request.key)
+        header = renew_lease(task.header, request)
+        task.header = _own_header(header)
         assert header.lease is not None
         return LeaseStatus(fence=header.fence, expires_at=header.lease.expires_at,
                            cancel=header.cancel)
 
     async def release_lease(self, request: ReleaseLeaseRequest) -> TaskHeader:
         await asyncio.sleep(0)
-        row = self._row(request.key)
-        header = release_lease(TaskHeader.model_validate_json(row.header), request)
-        row.header = header.model_dump_json()
+        task = self._task(request.key)
+        header = release_lease(task.header, request)
+        task.header = _own_header(header)
         return header
 
     async def request_cancel(self, request: CancelTaskRequest) -> TaskHeader:
         await asyncio.sleep(0)
-        row = self._row(request.key)
-        current = TaskHeader.model_validate_json(row.header)
-        header = request_cancel(current, request)
+        task = self._task(request.key)
+        header = request_cancel(task.header, request)
         if header is None:
-            return current
-        row.header = header.model_dump_json()
+            return _own_header(task.header)
+        task.header = _own_header(header)
         return header
 
     async def commit(self, request: CommitRequest) -> CommitResult:
         await asyncio.sleep(0)
-        row = self._row(request.key)
-        nodes, actions, charged = self._loaded(row, needs(request.steps))
-        delta = apply_commit(TaskHeader.model_validate_json(row.header), nodes, actions,
-                             charged, request)
-        self._persist(row, delta.header, delta.journal, delta, request.blobs)
+        task = self._task(request.key)
+        nodes, actions, charged = self._loaded(task, needs(request.steps))
+        delta = apply_commit(task.header, nodes, actions, charged, request)
+        self._persist(task, delta.header, delta.journal, delta, request.blobs)
         return delta.result()
 
     @staticmethod
-    def _loaded(row: _Row, need: Needs) -> tuple[dict[str, NodeRecord],
-                                                 dict[str, ActionRecord], set[str]]:
-        nodes = {i: NodeRecord.model_validate_json(row.nodes[i])
-                 for i in need.node_ids if i in row.nodes}
-        actions = {i: ActionRecord.model_validate_json(row.actions[i])
-                   for i in need.action_ids if i in row.actions}
-        return nodes, actions, {i for i in need.admission_ids if i in row.admissions}
+    def _loaded(task: _Task, need: Needs) -> tuple[dict[str, NodeRecord],
+                                                   dict[str, ActionRecord], set[str]]:
+        # The stored records themselves: the transitions only read them.
+        nodes = {i: task.nodes[i] for i in need.node_ids if i in task.nodes}
+        actions = {i: task.actions[i] for i in need.action_ids if i in task.actions}
+        return nodes, actions, {i for i in need.admission_ids if i in task.admissions}
 
-    def _persist(self, row: _Row, header: TaskHeader, journal: list[JournalEntry],
+    def _persist(self, task: _Task, header: TaskHeader, journal: list[JournalEntry],
                  delta: Delta | None, blobs: dict[str, str]) -> None:
         # Callers never await between loading and this write: atomic for asyncio callers.
+        # Every copy is made before anything changes: a copy that fails changes nothing.
+        own_header = _own_header(header)
+        own_journal = [e.model_dump_json() for e in journal]
+        nodes = {} if delta is None else {k: _own_node(v) for k, v in delta.nodes.items()}
+        actions = {} if delta is None else {
+            k: _own_action(v) for k, v in delta.actions.items()}
         for digest_, text in blobs.items():
             self._blobs.setdefault(digest_, text)
+        task.nodes.update(nodes)
+        task.actions.update(actions)
         if delta is not None:
-            for node_id, node in delta.nodes.items():
-                row.nodes[node_id] = node.model_dump_json()
-            for action_id, action in delta.actions.items():
-                row.actions[action_id] = action.model_dump_json()
             for admission, amounts in delta.charges.items():
-                row.admissions[admission] = str(amounts)
-        row.journal.extend(e.model_dump_json() for e in journal)
-        row.header = header.model_dump_json()
+                task.admissions[admission] = dict(amounts)
+        task.journal.extend(own_journal)
+        task.header = own_header
 
     async def get_blobs(self, digests: Sequence[str]) -> dict[str, str]:
         await asyncio.sleep(0)
@@ -214,9 +308,9 @@ class InMemoryDurableTaskStore:
 
     async def read_timeline(self, request: TimelineRequest) -> list[JournalEntry]:
         await asyncio.sleep(0)
-        row = self._row(request.key)
+        task = self._task(request.key)
         # Journal seq n is at index n-1; entries are appended in seq order.
-        window = row.journal[request.after_seq:request.after_seq + request.limit]
+        window = task.journal[request.after_seq:request.after_seq + request.limit]
         return [JournalEntry.model_validate_json(e) for e in window]
 
     async def close(self) -> None:
