@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,8 @@ import pytest
 from acceptance._graph import CallLog
 from acceptance._stores import open_store
 from agentium_graph import DurableTaskStore
+from agentium_graph.providers import read_call_log
+from agentium_graph.store import TaskSnapshot
 from agentium_graph_mongodb import pytest_plugin
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,8 +74,25 @@ class Case:
     def starts(self, node: str) -> int:
         return sum(1 for e in self.log.entries() if e["node"] == node and e["event"] == "start")
 
+    @property
+    def provider_log(self) -> Path:
+        """The scripted provider's call log, shared by every process of the case."""
+        return self.log.path.with_name("provider.log")
+
+    def provider_calls(self) -> Counter[str]:
+        """Provider calls so far, by request digest."""
+        log = self.provider_log
+        return Counter(r.request_digest for r in read_call_log(log)) if log.exists() \
+            else Counter()
+
     def open(self) -> DurableTaskStore:
         return open_store(self.spec)
+
+
+async def snapshot(store: DurableTaskStore, key: str) -> TaskSnapshot:
+    snap = await store.get_task(key)
+    assert snap is not None
+    return snap
 
 
 def _last_json(out: str) -> dict[str, Any] | None:

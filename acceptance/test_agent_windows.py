@@ -7,32 +7,16 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from acceptance._agent_graph import EXPECTED
-from acceptance.conftest import Case
+from acceptance.conftest import Case, snapshot
 from agentium_graph import DurableTaskStore
-from agentium_graph.providers import read_call_log
 from agentium_graph.store import TaskSnapshot
 
 
 def agent_config(case: Case, **kw: Any) -> dict[str, Any]:
-    log = Path(case.log.path).with_name("provider.log")
-    return {"graph": "agent", "provider_log": str(log), **kw}
-
-
-def provider_calls(case: Case) -> Counter[str]:
-    log = Path(case.log.path).with_name("provider.log")
-    return Counter(r.request_digest for r in read_call_log(log)) if log.exists() \
-        else Counter()
-
-
-async def snapshot(store: DurableTaskStore, key: str) -> TaskSnapshot:
-    snap = await store.get_task(key)
-    assert snap is not None
-    return snap
+    return {"graph": "agent", "provider_log": str(case.provider_log), **kw}
 
 
 async def recover(case: Case, store: DurableTaskStore) -> TaskSnapshot:
@@ -57,7 +41,7 @@ async def recover(case: Case, store: DurableTaskStore) -> TaskSnapshot:
 async def test_kill_during_a_model_stream(case: Case, store_of: DurableTaskStore) -> None:
     proc = case.start(**agent_config(case, create=True, script="hang"))
     deadline = time.monotonic() + 30
-    while not provider_calls(case):  # the stream is open and hanging mid-frame
+    while not case.provider_calls():  # the stream is open and hanging mid-frame
         assert time.monotonic() < deadline and proc.poll() is None
         await asyncio.sleep(0.02)
     proc.kill()
@@ -66,7 +50,7 @@ async def test_kill_during_a_model_stream(case: Case, store_of: DurableTaskStore
     before = await snapshot(store_of, case.key)
     assert before.header.counters["model_calls"] == 1  # reserved before the stream began
     after = await recover(case, store_of)
-    calls = provider_calls(case)
+    calls = case.provider_calls()
     # The interrupted request is asked again once; every other request exactly once.
     assert sorted(calls.values()) == [1, 2]
     assert after.header.counters["model_calls"] == 3  # the interrupted one stays charged
@@ -77,9 +61,9 @@ async def test_kill_after_a_response_was_journaled_before_its_tool(
         case: Case, store_of: DurableTaskStore) -> None:
     case.run_killed(**agent_config(case, create=True, kill_at="after_model_response",
                                    node="ask"))
-    assert case.starts("ask") == 0 and sum(provider_calls(case).values()) == 1
+    assert case.starts("ask") == 0 and sum(case.provider_calls().values()) == 1
     after = await recover(case, store_of)
-    calls = provider_calls(case)
+    calls = case.provider_calls()
     assert sorted(calls.values()) == [1, 1]  # the recorded response was replayed, not asked
     assert after.header.counters["model_calls"] == 2
     assert case.starts("ask") == 1
@@ -92,7 +76,7 @@ async def test_kill_inside_a_nested_graph_child(case: Case, store_of: DurableTas
     assert before.nodes["nested/y"].state == "running"
     await recover(case, store_of)
     assert case.starts("nested/x") == 1 and case.starts("nested/y") == 2
-    assert sorted(provider_calls(case).values()) == [1, 1]
+    assert sorted(case.provider_calls().values()) == [1, 1]
 
 
 async def test_kill_between_repeat_iterations(case: Case, store_of: DurableTaskStore) -> None:

@@ -8,32 +8,16 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from acceptance._graph import EXPECTED
-from acceptance.conftest import Case
+from acceptance.conftest import Case, snapshot
 from agentium_graph import DurableTaskStore
-from agentium_graph.providers import read_call_log
 from agentium_graph.store import TaskSnapshot, TimelineRequest
 
 
 def planner_config(case: Case, **kw: Any) -> dict[str, Any]:
-    log = Path(case.log.path).with_name("provider.log")
-    return {"graph": "planner", "provider_log": str(log), **kw}
-
-
-def provider_calls(case: Case) -> Counter[str]:
-    log = Path(case.log.path).with_name("provider.log")
-    return Counter(r.request_digest for r in read_call_log(log)) if log.exists() \
-        else Counter()
-
-
-async def snapshot(store: DurableTaskStore, key: str) -> TaskSnapshot:
-    snap = await store.get_task(key)
-    assert snap is not None
-    return snap
+    return {"graph": "planner", "provider_log": str(case.provider_log), **kw}
 
 
 async def verdicts(store: DurableTaskStore, key: str) -> list[bool]:
@@ -67,7 +51,7 @@ async def test_kill_after_a_rejected_proposal_was_journaled(
     assert await verdicts(store_of, case.key) == [False]
     after = await recover(case, store_of)
     # The rejected proposal replayed from the journal; only the correction was asked.
-    assert sorted(provider_calls(case).values()) == [1, 1]
+    assert sorted(case.provider_calls().values()) == [1, 1]
     assert after.header.counters["model_calls"] == 2
 
 
@@ -78,14 +62,14 @@ async def test_kill_after_the_plan_was_committed(case: Case,
     assert before.header.revision == 1 and set(before.nodes) == set(EXPECTED)
     assert all(n.state == "pending" for n in before.nodes.values())
     after = await recover(case, store_of)
-    assert sorted(provider_calls(case).values()) == [1, 1]  # a committed plan: no new call
+    assert sorted(case.provider_calls().values()) == [1, 1]  # a committed plan: no new call
     assert after.header.counters["model_calls"] == 2
 
 
 async def test_kill_inside_a_planner_call(case: Case, store_of: DurableTaskStore) -> None:
     proc = case.start(**planner_config(case, create=True, script="hang"))
     deadline = time.monotonic() + 30
-    while not provider_calls(case):  # the first planner call is in flight, hanging
+    while not case.provider_calls():  # the first planner call is in flight, hanging
         assert time.monotonic() < deadline and proc.poll() is None
         await asyncio.sleep(0.02)
     proc.kill()
@@ -96,5 +80,5 @@ async def test_kill_inside_a_planner_call(case: Case, store_of: DurableTaskStore
     assert before.header.revision == 0
     after = await recover(case, store_of)
     # The interrupted request is asked again once; the correction exactly once.
-    assert sorted(provider_calls(case).values()) == [1, 2]
+    assert sorted(case.provider_calls().values()) == [1, 2]
     assert after.header.counters["model_calls"] == 3  # the interrupted call stays charged

@@ -12,17 +12,11 @@ from typing import Any
 import pytest
 
 from acceptance._graph import EXPECTED, FAN
-from acceptance.conftest import Case
+from acceptance.conftest import Case, snapshot
 from agentium_graph import DurableTaskStore, ExecutionGraphRuntime, HostCatalog
 from agentium_graph.store import TaskSnapshot
 
 NODES = list(EXPECTED)
-
-
-async def snapshot(store: DurableTaskStore, key: str) -> TaskSnapshot:
-    snap = await store.get_task(key)
-    assert snap is not None
-    return snap
 
 
 async def check_recovery(case: Case, store: DurableTaskStore, before: TaskSnapshot,

@@ -23,6 +23,7 @@ across recoveries. Once revision 1 is committed, no run plans again.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentium_graph._canonical import (
@@ -35,7 +36,9 @@ from agentium_graph._canonical import (
 )
 from agentium_graph._program import ExecutionGraphProgram, PlanLimits, PlannerConfig
 from agentium_graph.errors import (
+    ConfigurationError,
     DataIntegrityError,
+    DescriptorMismatchError,
     Diagnostic,
     PlanValidationError,
 )
@@ -47,9 +50,10 @@ from agentium_graph.runtime._agent import (
     ModelCaller,
     fetch_response,
 )
+from agentium_graph.runtime._blobs import read_verified
 from agentium_graph.runtime._containers import node_record
 from agentium_graph.store._protocol import DurableTaskStore
-from agentium_graph.store._records import TaskHeader
+from agentium_graph.store._records import TaskHeader, TaskIdentity
 from agentium_graph.store._requests import AppendJournal, CommitRevision, Step, TimelineRequest
 
 if TYPE_CHECKING:
@@ -228,7 +232,55 @@ def _damaged(run: TaskRun) -> Any:
     return make
 
 
-async def committed_plan_digest(store: DurableTaskStore, header: TaskHeader) -> str:
+def check_supported(program: ExecutionGraphProgram) -> None:
+    if program.planner is not None and program.planner.mode != "complete":
+        raise ConfigurationError(
+            f"program {program.id!r}: planner mode={program.planner.mode!r} is not "
+            "supported by this version (streamed revisions are not implemented yet); "
+            "use mode='complete'")
+
+
+def find_program(programs: Mapping[tuple[str, str], ExecutionGraphProgram],
+                 identity: TaskIdentity, *, required: bool) -> ExecutionGraphProgram | None:
+    """The registered planner program of a planned task (None when not ``required`` and
+    unknown here); refused when its settings differ from what the task pinned."""
+    pid, version = str(identity.program["id"]), str(identity.program["version"])
+    program = programs.get((pid, version))
+    if program is None:
+        if not required:
+            return None
+        raise ConfigurationError(
+            f"task {identity.key!r} is planned by program {pid!r} version {version!r}, "
+            "which this runtime does not know: pass it with "
+            "ExecutionGraphRuntime(programs=[...]) or register_program()")
+    # A planned task also pins what it offered the planner; the rest is the descriptor.
+    pinned = {k: v for k, v in identity.program.items() if k != "offered"}
+    if program.descriptor() != pinned:
+        raise DescriptorMismatchError(
+            f"task {identity.key!r} pinned a different program {pid!r} version "
+            f"{version!r} (planner settings or limits changed); restore the original "
+            "program, or bump its version for new tasks",
+            details={"program": pid, "version": version})
+    return program
+
+
+async def committed_plan(store: DurableTaskStore, header: TaskHeader
+                         ) -> tuple[dict[str, Any], str]:
+    """The plan of the task's current revision and its digest, found through the journal's
+    ``revision_committed`` entry."""
+    plan_digest = await _committed_plan_digest(store, header)
+    blobs = await read_verified(store, [plan_digest])
+    problem = blobs.problem(plan_digest)
+    if problem is not None:
+        raise DataIntegrityError(
+            f"task {header.key!r}: its committed plan (blob {plan_digest}) is {problem}; "
+            "the store was damaged, restore it from a backup",
+            details={"blob": plan_digest, "problem": problem})
+    plan: dict[str, Any] = json.loads(blobs.texts[plan_digest])
+    return plan, plan_digest
+
+
+async def _committed_plan_digest(store: DurableTaskStore, header: TaskHeader) -> str:
     """The plan blob digest of the task's current revision, from its journal."""
     found: str | None = None
     after = 0

@@ -52,7 +52,12 @@ from agentium_graph.runtime._config import Budgets, RootLimits, counter_limits
 from agentium_graph.runtime._containers import node_record
 from agentium_graph.runtime._context import current_context
 from agentium_graph.runtime._outcome import node_error
-from agentium_graph.runtime._planner import committed_plan_digest, empty_plan
+from agentium_graph.runtime._planner import (
+    check_supported,
+    committed_plan,
+    empty_plan,
+    find_program,
+)
 from agentium_graph.runtime._resolve import resolve_action
 from agentium_graph.runtime._run import FastStartRefused, RunState, TaskRun
 from agentium_graph.runtime._views import (
@@ -183,7 +188,7 @@ class ExecutionGraphRuntime:
         limits = limits or self.limits
         budgets = budgets or Budgets()
         grant_list = None if grants is None else tuple(sorted(set(grants)))
-        _check_supported(program)
+        check_supported(program)
         descriptor = program.descriptor()
         plan: CompiledPlan | None = None
         if program.plan is not None:
@@ -266,7 +271,7 @@ class ExecutionGraphRuntime:
         """Let this runtime run tasks of ``program`` (needed for planner programs only)."""
         if not isinstance(program, ExecutionGraphProgram):
             raise ConfigurationError("programs must be ExecutionGraphProgram instances")
-        _check_supported(program)
+        check_supported(program)
         known = self._programs.get((program.id, program.version))
         if known is not None and known.descriptor() != program.descriptor():
             raise ConfigurationError(
@@ -274,44 +279,13 @@ class ExecutionGraphRuntime:
                 "different content; bump the version of the changed program")
         self._programs[(program.id, program.version)] = program
 
-    def _planned_program(self, identity: TaskIdentity, *, required: bool = True
-                         ) -> ExecutionGraphProgram | None:
-        """The registered planner program of a planned task (None when not ``required`` and
-        unknown here)."""
-        pid, version = str(identity.program["id"]), str(identity.program["version"])
-        program = self._programs.get((pid, version))
-        if program is None:
-            if not required:
-                self._root_limits[identity.key] = RootLimits(**identity.root_limits)
-                return None
-            raise ConfigurationError(
-                f"task {identity.key!r} is planned by program {pid!r} version {version!r}, "
-                "which this runtime does not know: pass it with "
-                "ExecutionGraphRuntime(programs=[...]) or register_program()")
-        if program.descriptor() != _program_descriptor(identity):
-            raise DescriptorMismatchError(
-                f"task {identity.key!r} pinned a different program {pid!r} version "
-                f"{version!r} (planner settings or limits changed); restore the original "
-                "program, or bump its version for new tasks",
-                details={"program": pid, "version": version})
-        self._root_limits[identity.key] = RootLimits(**identity.root_limits)
-        return program
-
     async def _planned_root(self, identity: TaskIdentity, header: TaskHeader) -> CompiledPlan:
         """A planned task's root plan: the committed one, or an empty revision 0."""
         limits = PlanLimits(**identity.plan_limits)
         if header.revision == 0:
             return empty_plan(limits)
-        plan_digest = await committed_plan_digest(self.store, header)
-        blobs = await read_verified(self.store, [plan_digest])
-        problem = blobs.problem(plan_digest)
-        if problem is not None:
-            raise DataIntegrityError(
-                f"task {header.key!r}: its committed plan (blob {plan_digest}) is {problem}; "
-                "the store was damaged, restore it from a backup",
-                details={"blob": plan_digest, "problem": problem})
-        return self.compile_plan(json.loads(blobs.texts[plan_digest]), limits, identity.grants,
-                                 plan_digest)
+        plan, plan_digest = await committed_plan(self.store, header)
+        return self.compile_plan(plan, limits, identity.grants, plan_digest)
 
     def _check_input(self, program: ExecutionGraphProgram, value: Any) -> None:
         try:
@@ -353,7 +327,8 @@ class ExecutionGraphRuntime:
         plan: CompiledPlan | None = None
         if planned:
             # Applying a pending cancel needs no planner, so no program either.
-            program = self._planned_program(identity, required=header.cancel is None)
+            program = find_program(self._programs, identity, required=header.cancel is None)
+            self._root_limits[identity.key] = RootLimits(**identity.root_limits)
         else:
             self._check_descriptors(identity)
             plan = self._compile(identity)
@@ -698,19 +673,6 @@ async def build_view(store: DurableTaskStore, snapshot: TaskSnapshot,
         lease=header.lease, cancel=header.cancel, deadline=header.deadline, error=header.error,
         created_at=header.created_at, updated_at=header.updated_at, fence=header.fence,
         journal_length=header.journal_seq, verified=not problems, problems=tuple(problems))
-
-
-def _check_supported(program: ExecutionGraphProgram) -> None:
-    if program.planner is not None and program.planner.mode != "complete":
-        raise ConfigurationError(
-            f"program {program.id!r}: planner mode={program.planner.mode!r} is not "
-            "supported by this version (streamed revisions are not implemented yet); "
-            "use mode='complete'")
-
-
-def _program_descriptor(identity: TaskIdentity) -> dict[str, Any]:
-    """The program descriptor a task pinned (a planned task also pins what it offers)."""
-    return {k: v for k, v in identity.program.items() if k != "offered"}
 
 
 def used_bindings(plan: CompiledPlan, catalog: HostCatalog) -> list[Binding]:
