@@ -137,12 +137,17 @@ class ExecutionGraphProgram(BaseModel):
             raise ValueError("give exactly one of plan={...} or planner=PlannerConfig(...)")
         return self
 
-    def descriptor(self) -> dict[str, Any]:
-        """Plain JSON that identifies the program; part of descriptor and task digests."""
+    def descriptor(self, *, plan_digest: str | None = None) -> dict[str, Any]:
+        """Plain JSON that identifies the program; part of descriptor and task digests.
+
+        ``plan_digest``: the plan's digest when the caller already has it (computed from
+        the plan's canonical JSON), so the plan is not walked and encoded again."""
+        if plan_digest is None and self.plan is not None:
+            plan_digest = digest(self.plan)
         return {
             "id": self.id,
             "version": self.version,
-            "plan_digest": digest(self.plan) if self.plan is not None else None,
+            "plan_digest": plan_digest,
             "planner": None if self.planner is None else self.planner.descriptor(),
             "limits": self.limits.model_dump(),
             "input_schema": self.input_schema,

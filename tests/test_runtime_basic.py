@@ -20,6 +20,7 @@ from agentium_graph import (
     ToolBinding,
     tool_context,
 )
+from agentium_graph._canonical import digest, incarnation_id
 from tests.conftest import INT_OUT, Calls, CountingStore, chain_plan, make_catalog, program
 
 
@@ -177,6 +178,30 @@ async def test_create_deep_copies_plan_and_input(calls: Calls) -> None:
     assert result.output["n0"] == {"value": 1}
     identity = await rt.store.get_identity("k")
     assert identity is not None and identity.input == {"items": [1, 2]}
+
+
+async def test_identity_pins_the_plan_its_digest_and_args_digests(calls: Calls) -> None:
+    # create encodes the plan once for both its digest and the identity's copy, and takes
+    # each node's args digest from the compiled plan: both must equal the plain
+    # computation, also for a plan changed in place after an earlier create.
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    prog = program(chain_plan(2))
+    await rt.create("k1", prog)
+    assert prog.plan is not None
+    prog.plan["nodes"][0]["args"]["x"] = 41  # reaching into the frozen program
+    await rt.create("k2", prog)
+    for key, x in (("k1", 0), ("k2", 41)):
+        identity = await rt.store.get_identity(key)
+        snapshot = await rt.store.get_task(key)
+        assert identity is not None and snapshot is not None and identity.plan is not None
+        assert identity.plan["nodes"][0]["args"] == {"x": x}
+        assert identity.program["plan_digest"] == digest(identity.plan)
+        for node in identity.plan["nodes"]:
+            rec = snapshot.nodes[node["id"]]
+            assert rec.incarnation_id == incarnation_id(
+                key, node["id"], 1, node["binding"], node["version"],
+                digest(node.get("args", {})))
+    assert (await rt.run("k2")).output["n1"] == {"value": 43}
 
 
 async def test_invalid_plan_is_rejected_before_anything_is_stored(calls: Calls,

@@ -26,6 +26,7 @@ from jsonschema.validators import extend
 from agentium_graph._canonical import (
     NotJSONError,
     canonical_bytes,
+    digest,
     json_copy,
     json_path,
 )
@@ -110,6 +111,7 @@ class CompiledNode:
     refs: tuple[Ref, ...]
     depth: int
     literal: bool = False          # ``args`` hold ``{"$literal": ...}`` wrappers to unwrap
+    args_digest: str = ""          # digest of ``args`` as written (part of incarnation ids)
 
     @property
     def static(self) -> bool:
@@ -412,7 +414,9 @@ def validate_plan(
             id=nid, binding=bindings[nid], args=nodes[ids[nid]].get("args", {}),
             deps=tuple(sorted(deps[nid])), refs=tuple(refs[nid]),
             depth=depth_offset + depth_of[nid],
-            literal=next(iter_literals(nodes[ids[nid]].get("args", {})), None) is not None)
+            literal=next(iter_literals(nodes[ids[nid]].get("args", {})), None) is not None,
+            # The whole plan was checked as JSON above: its parts need no second walk.
+            args_digest=digest(nodes[ids[nid]].get("args", {}), trusted=True))
         for nid in order
     }
     return CompiledPlan(

@@ -54,7 +54,7 @@ def node_record(key: str, plan: CompiledPlan, prefix: str, local: str,
     return NodeRecord(
         node_id=path,
         incarnation_id=incarnation_id(key, path, plan.revision, node.binding.id,
-                                      node.binding.version, digest(node.args)),
+                                      node.binding.version, node.args_digest or digest(node.args)),
         kind=node.binding.kind, binding=node.binding.id, version=node.binding.version,
         revision=plan.revision, parent=parent, deps=tuple(prefix + d for d in node.deps))
 

@@ -16,8 +16,10 @@ from pydantic import BaseModel, ConfigDict
 from agentium_graph._canonical import (
     NotJSONError,
     admission_id,
+    canonical_json,
     check_json,
     digest,
+    digest_text,
     json_copy,
     json_path,
     record_digest,
@@ -189,7 +191,11 @@ class ExecutionGraphRuntime:
         budgets = budgets or Budgets()
         grant_list = None if grants is None else tuple(sorted(set(grants)))
         check_supported(program)
-        descriptor = program.descriptor()
+        # One checked canonical encoding of the plan gives both its digest and the
+        # identity's private copy of it.
+        plan_text = None if program.plan is None else canonical_json(program.plan)
+        descriptor = program.descriptor(
+            plan_digest=None if plan_text is None else digest_text(plan_text))
         plan: CompiledPlan | None = None
         if program.plan is not None:
             plan = self.compile_plan(program.plan, program.limits, grant_list,
@@ -232,7 +238,7 @@ class ExecutionGraphRuntime:
                 sorted(used, key=lambda b: (b.id, b.version))]}
         identity = TaskIdentity(
             key=key, catalog_digest=self.catalog.digest, program=descriptor,
-            plan=None if program.plan is None else json_copy(program.plan),
+            plan=None if plan_text is None else json.loads(plan_text),
             descriptors={f"{b.id}@{b.version}": b.descriptor().model_dump(mode="json")
                          for b in used},
             # _check_input walked the input above; it is not walked again.
