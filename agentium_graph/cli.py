@@ -41,7 +41,7 @@ from agentium_graph.errors import (
     TaskNotFoundError,
 )
 from agentium_graph.runtime._runtime import ExecutionGraphRuntime, TimelinePage, build_view
-from agentium_graph.runtime._views import NodeView, TaskView
+from agentium_graph.runtime._views import NodeView, PlannerView, TaskView
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import (
     COUNTERS,
@@ -298,15 +298,31 @@ def _render_view(console: Console, view: TaskView) -> None:
         ("verified", Text("yes", style="green") if view.verified
          else Text(f"NO: {len(view.problems)} problem(s)", style="bold red")),
     ]
+    if view.planner is not None:
+        rows.insert(3, ("planner", _planner(view.planner)))
     for name, value in rows:
         summary.add_row(name, value)
     console.print(summary)
     for problem in view.problems:
         console.print(Text(f"  problem: {problem}", style="red"))
+    if view.planner is not None and view.planner.state != "planned":
+        for diagnostic in view.planner.last_diagnostics:
+            console.print(Text(f"  last rejection: {diagnostic}", style="yellow"))
     console.print(_counters_table(view.counters, view.limits))
     console.print(_nodes_table(_plan_order(view.nodes)))
     if view.actions:
         console.print(_actions_table(view))
+
+
+def _planner(planner: PlannerView) -> Text:
+    provider = planner.provider
+    style = {"planned": "green", "failed": "bold red", "canceled": "yellow"}.get(
+        planner.state, "cyan")
+    text = Text(planner.state, style=style)
+    text.append(f": {planner.proposals} proposal(s), {planner.rejected} rejected "
+                f"(max corrections {planner.max_corrections}), {planner.mode} mode, provider "
+                f"{provider.get('id', '?')}@{provider.get('version', '?')}")
+    return text
 
 
 def _counters_table(counters: dict[str, int], limits: dict[str, int | None]) -> Table:

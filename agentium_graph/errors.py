@@ -141,12 +141,12 @@ class Diagnostic(BaseModel):
 class PlanValidationError(AgentiumGraphError):
     code = "plan_invalid"
 
-    def __init__(self, diagnostics: Sequence[Diagnostic], *, subject: str = "plan") -> None:
+    def __init__(self, diagnostics: Sequence[Diagnostic], *, subject: str = "plan",
+                 advice: str = "fix every listed problem and submit it again") -> None:
         self.diagnostics: tuple[Diagnostic, ...] = tuple(diagnostics)
         lines = "\n".join(f"  - {d}" for d in self.diagnostics)
         super().__init__(
-            f"{subject} is invalid ({len(self.diagnostics)} problem(s)); fix every listed "
-            f"problem and submit it again:\n{lines}",
+            f"{subject} is invalid ({len(self.diagnostics)} problem(s)); {advice}:\n{lines}",
             details={"codes": [d.code for d in self.diagnostics]},
         )
 

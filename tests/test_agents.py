@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from agentium_graph import (
+    AdmissionEvent,
     Agent,
     AgentBinding,
     BudgetExhaustedError,
@@ -129,13 +130,16 @@ async def test_recovery_replays_recorded_responses_without_provider_calls(
 
 async def test_model_call_budget_is_enforced_before_dispatch(calls: Calls) -> None:
     provider = ScriptedProvider(script())
-    rt = ExecutionGraphRuntime(catalog=catalog(calls, provider))
+    events: list[AdmissionEvent] = []
+    rt = ExecutionGraphRuntime(catalog=catalog(calls, provider), on_admission=events.append)
     await rt.create("b", program(PLAN), budgets=Budgets(model_calls=1))
     with pytest.raises(BudgetExhaustedError) as info:
         await rt.run("b")
-    assert info.value.counter == "model_calls"
+    assert info.value.counter == "model_calls" and info.value.node_id == "ask"
     view = await rt.inspect("b")
     assert view.counters["model_calls"] == 1 and provider.call_count == 1
+    (exhausted,) = [e for e in events if e.kind == "exhausted"]
+    assert exhausted.node_id == "ask" and exhausted.counter == "model_calls"
 
 
 async def test_unknown_tool_from_the_model_fails_the_node_by_name(calls: Calls) -> None:

@@ -133,6 +133,7 @@ def test_inspect_json_is_the_task_view(db: Path) -> None:
     assert set(data) == set(TaskView.model_fields)
     view = TaskView.model_validate(data)
     assert view.key == "done" and view.status == "completed" and view.verified
+    assert view.planner is None  # a static plan has no planner
     assert view.counters["work_attempts"] == 3 and view.limits["work_attempts"] is not None
     assert [view.nodes[n].output for n in ("n0", "n1", "n2")] == [
         {"value": 1}, {"value": 2}, {"value": 3}]
@@ -152,6 +153,37 @@ def test_inspect_table_shows_summary_nodes_and_errors(db: Path) -> None:
     digest = ok_json(db, "inspect", "failed")["nodes"]["a"]["output_digest"]
     short = digest[:len("sha256:") + 12]
     assert short + "…" in out and digest not in out
+
+
+def test_inspect_shows_what_the_planner_did(tmp_path: Path) -> None:
+    from agentium_graph import ExecutionGraphProgram, PlannerConfig, PlanValidationError
+    from agentium_graph.providers import ScriptedProvider, ScriptedTurn
+
+    path = tmp_path / "planned.db"
+    unknown = json.dumps({"schemaVersion": 1, "revision": 1, "nodes": [
+        {"id": "a", "binding": "teleport", "version": "1", "args": {}}]})
+
+    async def populate() -> None:
+        provider = ScriptedProvider([ScriptedTurn(text=unknown), ScriptedTurn(text=unknown)])
+        planned = ExecutionGraphProgram(id="planned", version="1", planner=PlannerConfig(
+            provider=provider, host_instructions="Plan.", max_corrections=1))
+        async with sqlite.SQLiteDurableTaskStore(path) as store:
+            rt = ExecutionGraphRuntime(catalog=_catalog(), store=store)
+            await rt.create("p", planned)
+            with pytest.raises(PlanValidationError):
+                await rt.run("p", worker_id="w1")
+
+    asyncio.run(populate())
+    planner = ok_json(path, "inspect", "p")["planner"]
+    assert planner["state"] == "failed" and planner["mode"] == "complete"
+    assert (planner["proposals"], planner["rejected"], planner["max_corrections"]) == (2, 2, 1)
+    assert planner["provider"]["id"] == "scripted"
+    assert any("teleport" in d["message"] for d in planner["last_diagnostics"])
+    table = invoke(path, "inspect", "p")
+    assert table.exit_code == 0, table.output
+    for fragment in ("planner", "failed: 2 proposal(s), 2 rejected", "last rejection",
+                     "teleport"):
+        assert fragment in table.stdout, fragment
 
 
 def test_inspect_never_writes(db: Path) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from agentium_graph import (
+    AdmissionEvent,
     BudgetExhaustedError,
     Budgets,
     ConfigurationError,
@@ -73,9 +74,15 @@ async def test_an_accepted_proposal_is_committed_as_revision_1_and_runs(calls: C
 
     result = await rt.run("t")
     assert result.output == {"a": {"value": 41}, "b": {"value": 42}}
+    assert created.planner is not None and created.planner.state == "planning"
+    assert created.planner.proposals == 0 and created.planner.plan_digest is None
     view = await rt.inspect("t")
     assert view.revision == 1 and view.verified and set(view.nodes) == {"a", "b"}
     assert view.counters["plan_revisions"] == 1 and view.counters["expanded_nodes"] == 2
+    assert view.planner is not None and view.planner.state == "planned"
+    assert (view.planner.proposals, view.planner.rejected) == (1, 0)
+    assert view.planner.mode == "complete" and view.planner.max_corrections == 2
+    assert view.planner.provider == {"id": provider.id, "version": provider.version}
     assert view.counters["model_calls"] == 1
     # The reservation (max_output_tokens) is charged before the call and never refunded.
     assert view.counters["output_tokens"] == 200
@@ -116,6 +123,11 @@ async def test_a_rejected_proposal_is_corrected_with_its_diagnostics(calls: Call
     assert proposals[0].data["diagnostics"] == diagnostics
     view = await rt.inspect("t")
     assert view.counters["model_calls"] == 2 and view.counters["plan_revisions"] == 1
+    assert view.planner is not None and view.planner.state == "planned"
+    assert (view.planner.proposals, view.planner.rejected) == (2, 1)
+    assert view.planner.plan_digest == proposals[1].data["plan_digest"]
+    assert [d.model_dump(exclude_none=True) for d in view.planner.last_diagnostics] == \
+        diagnostics
 
 
 async def test_exhausted_corrections_fail_with_the_last_validation_cause(calls: Calls) -> None:
@@ -128,11 +140,17 @@ async def test_exhausted_corrections_fail_with_the_last_validation_cause(calls: 
     view = await rt.inspect("t")
     assert view.status == "failed" and view.nodes == {} and view.revision == 0
     assert calls.by_node == {} and provider.call_count == 2
+    assert view.planner is not None and view.planner.state == "failed"
+    assert (view.planner.proposals, view.planner.rejected) == (2, 2)
+    assert view.planner.plan_digest is None and view.planner.max_corrections == 1
+    assert [d.code for d in view.planner.last_diagnostics] == ["proposal_not_json"]
     # A later run raises the same typed error from what was stored, with no provider call.
     with pytest.raises(PlanValidationError) as again:
         await rt.run("t")
     assert [d.code for d in again.value.diagnostics] == ["proposal_not_json"]
     assert provider.call_count == 2
+    for error in (failed.value, again.value):  # says what the host can change
+        assert "host instructions" in str(error) and "submit it again" not in str(error)
     proposals = [e for e in await journal(rt, "t") if e.kind == "plan_proposal"]
     assert [p.data["accepted"] for p in proposals] == [False, False]
 
@@ -267,14 +285,22 @@ async def test_a_worker_needs_the_planned_program_and_its_pinned_settings(
 async def test_the_model_call_budget_is_enforced_before_the_planner_call(
         calls: Calls) -> None:
     provider = ScriptedProvider([turn(GOOD)])
-    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    events: list[AdmissionEvent] = []
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls), on_admission=events.append)
     await rt.create("b", planned(provider), input={"start": 0},
                     budgets=Budgets(model_calls=0))
-    with pytest.raises(BudgetExhaustedError):
+    with pytest.raises(BudgetExhaustedError) as refused:
         await rt.run("b")
+    assert refused.value.counter == "model_calls"
     assert provider.call_count == 0
     view = await rt.inspect("b")
     assert view.status == "pending" and view.counters["model_calls"] == 0
+    assert view.planner is not None and view.planner.state == "planning"
+    assert view.planner.proposals == 0
+    # The refusal is reported to the host's admission observer like a node's.
+    (exhausted,) = [e for e in events if e.kind == "exhausted"]
+    assert exhausted.counter == "model_calls" and exhausted.node_id is None
+    assert exhausted.admission_id is not None and exhausted.key == "b"
 
 
 async def test_cancel_while_planning_stops_the_call_and_cancels_the_task(
@@ -289,6 +315,7 @@ async def test_cancel_while_planning_stops_the_call_and_cancels_the_task(
         await asyncio.wait_for(running, 5)
     view = await rt.inspect("c")
     assert view.status == "canceled" and view.nodes == {}
+    assert view.planner is not None and view.planner.state == "canceled"
 
 
 def test_planner_config_checks_its_provider() -> None:

@@ -7,6 +7,7 @@ from agentium_graph.runtime._views import (
     AdmissionEvent,
     AdmissionSnapshot,
     NodeView,
+    PlannerView,
     TaskResult,
     TaskView,
 )
@@ -17,6 +18,7 @@ __all__ = [
     "Budgets",
     "ExecutionGraphRuntime",
     "NodeView",
+    "PlannerView",
     "RootLimits",
     "TaskResult",
     "TaskView",

@@ -23,7 +23,7 @@ across recoveries. Once revision 1 is committed, no run plans again.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentium_graph._canonical import (
@@ -52,14 +52,19 @@ from agentium_graph.runtime._agent import (
 )
 from agentium_graph.runtime._blobs import read_verified
 from agentium_graph.runtime._containers import node_record
+from agentium_graph.runtime._views import PlannerState, PlannerView
 from agentium_graph.store._protocol import DurableTaskStore
-from agentium_graph.store._records import TaskHeader, TaskIdentity
+from agentium_graph.store._records import JournalEntry, TaskHeader, TaskIdentity
 from agentium_graph.store._requests import AppendJournal, CommitRevision, Step, TimelineRequest
 
 if TYPE_CHECKING:
     from agentium_graph.runtime._run import TaskRun
 
 MAX_FED_BACK = 50  # diagnostics returned to the model per rejected proposal
+# What a host can do once the planner used every correction (the task itself has failed).
+EXHAUSTED_ADVICE = ("the planner used every correction; make the host instructions or the "
+                    "catalog's descriptions clearer, or raise max_corrections, in a new "
+                    "program version, then create a new task")
 
 FORMAT_RULES = """\
 Answer with exactly one JSON object and nothing else: a plan of the form
@@ -221,7 +226,7 @@ async def plan_task(run: TaskRun, program: ExecutionGraphProgram) -> CompiledPla
         if proposal == config.max_corrections:
             raise PlanValidationError(diags, subject=(
                 f"the planner's proposal {proposal} (the last of 1 + max_corrections="
-                f"{config.max_corrections})"))
+                f"{config.max_corrections})"), advice=EXHAUSTED_ADVICE)
         request = correction(request, fetched.response, diags, proposal + 1)
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -280,23 +285,60 @@ async def committed_plan(store: DurableTaskStore, header: TaskHeader
     return plan, plan_digest
 
 
-async def _committed_plan_digest(store: DurableTaskStore, header: TaskHeader) -> str:
-    """The plan blob digest of the task's current revision, from its journal."""
-    found: str | None = None
+async def _journal(store: DurableTaskStore, header: TaskHeader) -> AsyncIterator[JournalEntry]:
+    """The task's journal in order, read in pages up to the header's ``journal_seq``."""
     after = 0
-    while found is None and after < header.journal_seq:
+    while after < header.journal_seq:
         page = await store.read_timeline(TimelineRequest(key=header.key, after_seq=after,
                                                          limit=1000))
         if not page:
-            break
+            return
         for entry in page:
-            if entry.kind == "revision_committed" and \
-                    entry.data.get("revision") == header.revision:
-                found = str(entry.data["plan_digest"])
-                break
+            yield entry
         after = page[-1].seq
-    if found is None:
-        raise DataIntegrityError(
-            f"task {header.key!r} is at plan revision {header.revision}, but its journal has "
-            "no commit of that revision; the store was damaged, restore it from a backup")
-    return found
+
+
+async def _committed_plan_digest(store: DurableTaskStore, header: TaskHeader) -> str:
+    """The plan blob digest of the task's current revision, from its journal."""
+    async for entry in _journal(store, header):
+        if entry.kind == "revision_committed" and \
+                entry.data.get("revision") == header.revision:
+            return str(entry.data["plan_digest"])
+    raise DataIntegrityError(
+        f"task {header.key!r} is at plan revision {header.revision}, but its journal has "
+        "no commit of that revision; the store was damaged, restore it from a backup")
+
+
+async def planner_view(store: DurableTaskStore, header: TaskHeader,
+                       identity: TaskIdentity | None) -> tuple[PlannerView | None, list[str]]:
+    """What the planner of a planned task did (None for a static plan), and the problems
+    found reading it from the journal (listed by ``inspect``, never raised)."""
+    pinned = None if identity is None else identity.program.get("planner")
+    if not isinstance(pinned, dict):
+        return None, []
+    problems: list[str] = []
+    proposals = rejected = 0
+    plan_digest: str | None = None
+    last: tuple[Diagnostic, ...] = ()
+    async for entry in _journal(store, header):
+        if entry.kind != PROPOSAL_KIND:
+            continue
+        proposals += 1
+        if entry.data.get("accepted"):
+            plan_digest = str(entry.data.get("plan_digest"))
+            continue
+        rejected += 1
+        try:
+            last = tuple(Diagnostic(**d) for d in entry.data.get("diagnostics", ()))
+        except (TypeError, ValueError):
+            problems.append(f"journal entry {entry.seq}: the planner verdict is unreadable")
+    state: PlannerState = "planned" if header.revision >= 1 else \
+        "failed" if header.status == "failed" else \
+        "canceled" if header.status == "canceled" else "planning"
+    provider = pinned.get("provider")
+    return PlannerView(
+        mode=str(pinned.get("mode", "complete")),
+        provider=dict(provider) if isinstance(provider, dict) else {},
+        state=state, proposals=proposals, rejected=rejected,
+        max_corrections=int(pinned.get("max_corrections", 0)), plan_digest=plan_digest,
+        last_diagnostics=last), problems

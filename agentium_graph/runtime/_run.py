@@ -302,15 +302,21 @@ class TaskRun:
                 sub.future.cancel()  # no new work is admitted once the task is stopping
                 continue
             charges: dict[str, int] = {}
+            charge: Charge | None = None
             for step in sub.steps:
                 if isinstance(step, Charge):
+                    charge = step
                     for name, amount in step.charges.items():
                         charges[name] = charges.get(name, 0) + amount
             exhausted = self._exceeds(charges, pending)
             if exhausted is not None:
                 counter, used, limit = exhausted
+                node_id = None if charge is None else charge.node_id
+                self.admission.emit("exhausted", node_id, counter=counter,
+                                    admission_id=None if charge is None else
+                                    charge.admission_id)
                 sub.future.set_exception(BudgetExhaustedError(
-                    self.key, counter, used, charges[counter], limit))
+                    self.key, counter, used, charges[counter], limit, node_id=node_id))
                 continue
             for name, amount in charges.items():
                 pending[name] = pending.get(name, 0) + amount

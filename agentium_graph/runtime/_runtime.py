@@ -55,10 +55,12 @@ from agentium_graph.runtime._containers import node_record
 from agentium_graph.runtime._context import current_context
 from agentium_graph.runtime._outcome import node_error
 from agentium_graph.runtime._planner import (
+    EXHAUSTED_ADVICE,
     check_supported,
     committed_plan,
     empty_plan,
     find_program,
+    planner_view,
 )
 from agentium_graph.runtime._resolve import resolve_action
 from agentium_graph.runtime._run import FastStartRefused, RunState, TaskRun
@@ -669,6 +671,8 @@ async def build_view(store: DurableTaskStore, snapshot: TaskSnapshot,
         limit = header.limits.get(name)
         if limit is not None and value > limit:
             problems.append(f"counter {name}={value} exceeds its limit {limit}")
+    planner, planner_problems = await planner_view(store, header, identity)
+    problems.extend(planner_problems)
     return TaskView(
         key=header.key, task_id=header.task_id, status=header.status, revision=header.revision,
         program=identity.program if identity else {},
@@ -678,7 +682,8 @@ async def build_view(store: DurableTaskStore, snapshot: TaskSnapshot,
         actions=tuple(sorted(snapshot.actions.values(), key=lambda a: a.action_id)),
         lease=header.lease, cancel=header.cancel, deadline=header.deadline, error=header.error,
         created_at=header.created_at, updated_at=header.updated_at, fence=header.fence,
-        journal_length=header.journal_seq, verified=not problems, problems=tuple(problems))
+        journal_length=header.journal_seq, verified=not problems, problems=tuple(problems),
+        planner=planner)
 
 
 def used_bindings(plan: CompiledPlan, catalog: HostCatalog) -> list[Binding]:
@@ -722,7 +727,8 @@ def error_from_info(key: str, info: ErrorInfo | None) -> Exception:
         return DeadlineExceededError(info.message, details=info.details)
     if info.code == PlanValidationError.code and "diagnostics" in info.details:
         return PlanValidationError([Diagnostic(**d) for d in info.details["diagnostics"]],
-                                   subject=f"task {key!r}: the planner's last proposal")
+                                   subject=f"task {key!r}: the planner's last proposal",
+                                   advice=EXHAUSTED_ADVICE)
     if info.code == PlannerFailedError.code:
         return PlannerFailedError(info.message, details=info.details)
     return node_error(info, f"task {key!r} failed at node {info.node_id!r}: {info.message}",

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from agentium_graph.errors import ErrorInfo
+from agentium_graph.errors import Diagnostic, ErrorInfo
 from agentium_graph.store._records import (
     ActionRecord,
     AttemptRecord,
@@ -39,6 +39,29 @@ class NodeView(_View):
     error: ErrorInfo | None
 
 
+PlannerState = Literal["planning", "planned", "failed", "canceled"]
+
+
+class PlannerView(_View):
+    """What a planned task's planner has done so far, read from the task's journal.
+
+    ``state``: ``planning`` until a plan is committed (also between runs), ``planned`` once
+    revision 1 is committed, ``failed`` / ``canceled`` when the task ended before that.
+    ``proposals``: planner answers judged so far (accepted or rejected); ``rejected`` of
+    them were sent back with diagnostics, up to ``max_corrections``. ``plan_digest``: the
+    committed plan's blob. ``last_diagnostics``: why the latest rejected answer was refused.
+    """
+
+    mode: str
+    provider: dict[str, Any]
+    state: PlannerState
+    proposals: int
+    rejected: int
+    max_corrections: int
+    plan_digest: str | None = None
+    last_diagnostics: tuple[Diagnostic, ...] = ()
+
+
 class TaskView(_View):
     """A read-only picture of a task, built by ``inspect`` without a lease or a write."""
 
@@ -63,6 +86,7 @@ class TaskView(_View):
     journal_length: int
     verified: bool
     problems: tuple[str, ...] = ()
+    planner: PlannerView | None = None  # None for a task with a static plan
 
     @property
     def pending_actions(self) -> tuple[ActionRecord, ...]:
