@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from agentium_graph._canonical import (
     admission_id,
@@ -32,19 +32,12 @@ from agentium_graph.errors import (
     AgentiumGraphError,
     BudgetExhaustedError,
     ConfigurationError,
-    DataIntegrityError,
-    DeadlineExceededError,
-    DurableRecoveryRequiredError,
     ErrorInfo,
     InvalidTransitionError,
     LeaseHeldError,
     NodeInputError,
-    PlannerFailedError,
-    PlanValidationError,
     StaleFenceError,
-    StoreError,
     StoreUnavailableError,
-    TaskCanceledError,
 )
 from agentium_graph.plan._validate import CompiledPlan, resolve_args
 from agentium_graph.runtime import _containers as containers
@@ -60,9 +53,19 @@ from agentium_graph.runtime._agent import (
 )
 from agentium_graph.runtime._context import ToolContext, reset_context, set_context
 from agentium_graph.runtime._graph import FlatGraph, NodeSpec
-from agentium_graph.runtime._outcome import Outcome, check_output, node_error, schema_error
+from agentium_graph.runtime._outcome import Outcome, check_output, schema_error
 from agentium_graph.runtime._planner import plan_task
 from agentium_graph.runtime._states import RESTARTABLE
+from agentium_graph.runtime._stops import (
+    Stop,
+    begin_stop,
+    check_recoverable,
+    failure_stop,
+    final_steps,
+    observe_stop,
+    recovery_stop,
+    settle_planning,
+)
 from agentium_graph.runtime._views import TaskResult
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import ActionRecord, NodeRecord, TaskHeader, TaskIdentity
@@ -73,7 +76,6 @@ from agentium_graph.store._requests import (
     CommitRequest,
     RecordAction,
     RenewLeaseRequest,
-    SetStatus,
     SettleNode,
     StartAttempt,
     Step,
@@ -85,9 +87,6 @@ if TYPE_CHECKING:
     from agentium_graph.runtime._runtime import ExecutionGraphRuntime
 
 log = logging.getLogger("agentium_graph.runtime")
-
-StopReason = Literal["canceled", "deadline", "failed", "budget", "recovery"]
-
 
 @dataclass(slots=True)
 class _Running:
@@ -104,13 +103,6 @@ class _Ready:
     input_digest: str
     ticket: Ticket
     free: bool = False  # an agent: holds no permit itself (each model/tool call takes one)
-
-
-@dataclass
-class _Stop:
-    reason: StopReason
-    error: AgentiumGraphError
-    info: ErrorInfo | None = None
 
 
 @dataclass
@@ -183,7 +175,7 @@ class TaskRun:
         # Nodes whose terminal state is decided (possibly not yet committed this turn).
         self.closed: set[str] = {n for n, r in self.nodes.items() if r.state in TERMINAL_NODE}
         self.wake = asyncio.Event()
-        self.stop: _Stop | None = None
+        self.stop: Stop | None = None
         self.lost: BaseException | None = None
         self.cancel_reason: str | None = None
         self.uncertain: list[str] = []
@@ -244,12 +236,12 @@ class TaskRun:
 
     # --- the loop -------------------------------------------------------------------
     async def _loop(self) -> TaskResult:
-        self._check_recoverable()
+        check_recoverable(self)
         while True:
             if self.lost is not None:
                 raise self.lost
-            self._observe_stop()
-            self._settle_planning()
+            observe_stop(self)
+            settle_planning(self)
             steps: list[Step] = []
             blobs: dict[str, str] = {}
             self._settle_finished(steps, blobs)
@@ -261,7 +253,7 @@ class TaskRun:
             if self.stop is None:
                 self._request_ready(steps, pending)
                 launch = self._start_granted(steps, pending)
-            final = self._final_steps(launch)
+            final = final_steps(self, bool(launch))
             steps.extend(final)
             if steps or self.pending_acquire is not None:
                 try:
@@ -325,109 +317,6 @@ class TaskRun:
             accepted.append(sub)
         return accepted
 
-    def _observe_stop(self) -> None:
-        if self.stop is not None:
-            return
-        if self.cancel_reason is not None:
-            self._begin_stop(_Stop("canceled", TaskCanceledError(
-                f"task {self.key!r} was canceled: {self.cancel_reason}",
-                details={"reason": self.cancel_reason})))
-            return
-        deadline = self.header.deadline
-        if deadline is not None and self.clock() >= deadline:
-            self._begin_stop(_Stop("deadline", DeadlineExceededError(
-                f"task {self.key!r} passed its deadline {deadline.isoformat()}; recovery "
-                "never extends a deadline, so create a new task to retry",
-                details={"deadline": deadline.isoformat()})))
-
-    def _settle_planning(self) -> None:
-        """Install the plan the planner committed, or stop the task with why it has none."""
-        if self.proposed_root is not None and self.header.revision >= 1:
-            # Revision 1 is committed: its nodes are the task's, whatever happens to the
-            # planning job now (a stop must see them to close them).
-            self.graph.set_root(self.proposed_root)
-            self.proposed_root = None
-            self.again = True
-        task = self.planning
-        if task is None or not task.done():
-            return
-        self.planning = None
-        self.program = None
-        if task.cancelled():
-            return  # a stop canceled it
-        exc = task.exception()
-        if exc is None:
-            return
-        if isinstance(exc, StoreError | StaleFenceError | DataIntegrityError):
-            if self.lost is None:
-                self.lost = exc  # the run ends with it; the task stays recoverable
-            return
-        if self.stop is not None or self.lost is not None:
-            return  # the planner failed because the run is ending anyway
-        if isinstance(exc, BudgetExhaustedError):
-            self._begin_stop(_Stop("budget", exc))
-        elif isinstance(exc, PlanValidationError):
-            self._begin_stop(_Stop("failed", exc, ErrorInfo(
-                code=exc.code, message=str(exc),
-                details={"diagnostics": [d.model_dump() for d in exc.diagnostics]})))
-        else:
-            what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            if isinstance(exc, TimeoutError):
-                what = "the call took longer than the planner's max_latency_ms"
-            error = PlannerFailedError(
-                f"task {self.key!r}: the planner failed: {what}; fix the provider (or its "
-                "script) and create the task again", details={"error": type(exc).__name__})
-            error.__cause__ = exc
-            self._begin_stop(_Stop("failed", error, error.to_info()))
-
-    def _begin_stop(self, stop: _Stop) -> None:
-        self.stop = stop
-        reason = stop.reason
-        self.admission.reject_all(reason)
-        for item in self.ready.values():
-            self.admission.withdraw(item.ticket, reason)
-        self.ready.clear()
-        if reason in ("canceled", "deadline"):
-            if self.planning is not None:
-                self.planning.cancel()  # a model call: cancellable, nothing committed yet
-            for running in self.running.values():
-                running.ctx._cancel.set()
-                if running.task is not None and self._cancellable(running.node_id):
-                    running.task.cancel()
-
-    def _cancellable(self, node_id: str) -> bool:
-        # Effects are never preempted: a connector honors cancellation itself, and the
-        # receipt of accepted remote work must still be recorded.
-        spec = self.graph.specs.get(node_id)
-        binding = spec.binding if spec is not None else None
-        if isinstance(binding, AgentBinding):
-            return True  # an agent's model calls are cancellable; its effects settle first
-        return isinstance(binding, ToolBinding) and binding.execute is not None and \
-            inspect.iscoroutinefunction(binding.execute)
-
-    def _check_recoverable(self) -> None:
-        """A crash may have left a failed or uncertain node without the matching task
-        status; finish that first instead of scheduling around it."""
-        for node_id in self.graph.order:
-            rec = self.nodes[node_id]
-            if rec.state == "failed" and self.stop is None:
-                self._begin_stop(self._failure_stop(node_id, rec.error))
-        stuck = sorted(a.action_id for a in self.actions.values() if a.state == "uncertain")
-        if stuck and self.stop is None:
-            self.uncertain.extend(stuck)
-            self._begin_stop(self._recovery_stop())
-
-    def _recovery_stop(self) -> _Stop:
-        ids = sorted(self.uncertain)
-        error = DurableRecoveryRequiredError(self.key, ids)
-        return _Stop("recovery", error, ErrorInfo(code=error.code, message=str(error),
-                                                  details={"action_ids": ids}))
-
-    def _failure_stop(self, node_id: str, info: ErrorInfo | None) -> _Stop:
-        info = info or ErrorInfo(code="node_failed", message="node failed", node_id=node_id)
-        return _Stop("failed", node_error(info, f"node {node_id!r} failed: {info.message}",
-                                          node_id), info)
-
     # --- settle ---------------------------------------------------------------------
     def _settle_finished(self, steps: list[Step], blobs: dict[str, str]) -> None:
         finished, self.finished = self.finished, []
@@ -441,7 +330,7 @@ class TaskRun:
             if outcome.state == "budget":
                 # The node stays running (interrupted); a later run reconciles it again.
                 if self.stop is None and isinstance(outcome.exception, AgentiumGraphError):
-                    self._begin_stop(_Stop("budget", outcome.exception))
+                    begin_stop(self, Stop("budget", outcome.exception))
                 continue
             self.closed.add(node_id)
             if outcome.state == "uncertain":
@@ -449,7 +338,7 @@ class TaskRun:
                                         error=outcome.error))
                 self.uncertain.append(outcome.action.action_id if outcome.action else node_id)
                 if self.stop is None or self.stop.reason != "recovery":
-                    self._begin_stop(self._recovery_stop())
+                    begin_stop(self, recovery_stop(self))
                 continue
             if outcome.state == "completed":
                 assert outcome.text is not None and outcome.digest is not None
@@ -464,7 +353,7 @@ class TaskRun:
             else:
                 steps.append(SettleNode(node_id=node_id, state="failed", error=outcome.error))
                 if self.stop is None:
-                    self._begin_stop(self._failure_stop(node_id, outcome.error))
+                    begin_stop(self, failure_stop(self, node_id, outcome.error))
 
     # --- admit ----------------------------------------------------------------------
     def _is_ready(self, node: NodeSpec) -> bool:
@@ -509,7 +398,7 @@ class TaskRun:
             except NodeInputError as exc:
                 steps.append(SettleNode(node_id=node_id, state="failed", error=exc.to_info()))
                 self.closed.add(node_id)
-                self._begin_stop(self._failure_stop(node_id, exc.to_info()))
+                begin_stop(self, failure_stop(self, node_id, exc.to_info()))
                 return
             if containers.is_container(node):
                 # Containers hold no permit: entering one only materializes its children.
@@ -534,7 +423,7 @@ class TaskRun:
         if exhausted is not None:
             counter, used, limit = exhausted
             self.admission.emit("exhausted", node_id, admission_id=adm, counter=counter)
-            self._begin_stop(_Stop("budget", BudgetExhaustedError(
+            begin_stop(self, Stop("budget", BudgetExhaustedError(
                 self.key, counter, used, charges[counter], limit, node_id=node_id)))
             return False
         for name, amount in charges.items():
@@ -543,7 +432,7 @@ class TaskRun:
 
     def fail(self, node_id: str, info: ErrorInfo) -> None:
         if self.stop is None:
-            self._begin_stop(self._failure_stop(node_id, info))
+            begin_stop(self, failure_stop(self, node_id, info))
 
     def _ref_values(self, node: NodeSpec) -> dict[str, Any]:
         scope = self.graph.scopes[node.scope]
@@ -610,7 +499,7 @@ class TaskRun:
                     steps.append(RecordAction(action=intent))
                     steps.append(RecordAction(action=intent.model_copy(update={
                         "state": "rejected", "reason": f"{counter} budget exhausted"})))
-                self._begin_stop(_Stop("budget", BudgetExhaustedError(
+                begin_stop(self, Stop("budget", BudgetExhaustedError(
                     self.key, counter, used, charges[counter], limit, node_id=node_id)))
                 break
             for name, amount in charges.items():
@@ -747,37 +636,6 @@ class TaskRun:
         if grant.header.cancel is not None:
             self.request_cancel(grant.header.cancel.reason)
 
-    def _final_steps(self, launch: list[_Ready]) -> list[Step]:
-        if self.running or launch or self.planning is not None or \
-                (self.ready and self.stop is None):
-            return []
-        stop = self.stop
-        if stop is None:
-            if any(n not in self.done for n in self.graph.order):
-                return []  # more nodes become ready next turn
-            return [SetStatus(status="completed", release_lease=True)]
-        # Stopping and nothing is running: close every open node, then the task.
-        steps: list[Step] = []
-        for node_id in self.graph.order:
-            if node_id not in self.closed and stop.reason not in ("budget", "recovery"):
-                steps.append(SettleNode(node_id=node_id, state="canceled",
-                                        error=stop.error.to_info()))
-        if stop.reason == "recovery":
-            stop = self._recovery_stop()  # name every uncertain action, not just the first
-            self.stop = stop
-            steps.append(SetStatus(status="recovery_required", error=stop.info,
-                                   release_lease=True))
-        elif stop.reason == "canceled":
-            steps.append(SetStatus(status="canceled", error=stop.error.to_info(),
-                                   release_lease=True))
-        elif stop.reason == "budget":
-            steps.append(SetStatus(status="pending", error=stop.error.to_info(),
-                                   release_lease=True))
-        else:
-            steps.append(SetStatus(status="failed", error=stop.info or stop.error.to_info(),
-                                   release_lease=True))
-        return steps
-
     def _finish(self) -> TaskResult:
         if self.stop is not None:
             raise self.stop.error
@@ -823,7 +681,7 @@ class TaskRun:
             except StaleFenceError as exc:
                 log.warning("task %s: lease lost (%s); stopping this run", self.key, exc)
                 self.lost = exc
-                self._begin_stop(_Stop("canceled", exc))
+                begin_stop(self, Stop("canceled", exc))
                 self.wake.set()
                 return
             except StoreUnavailableError as exc:

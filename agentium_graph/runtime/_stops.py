@@ -1,0 +1,183 @@
+"""How a run stops: cancel, deadline, failure, an exhausted budget or an uncertain effect.
+
+A stop is decided once (the first cause wins), withdraws queued work, cancels what may be
+cancelled, and ends in one final commit that closes every open node and sets the task's
+status. The functions take the run whose loop calls them.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from agentium_graph.catalog._bindings import AgentBinding, ToolBinding
+from agentium_graph.errors import (
+    AgentiumGraphError,
+    BudgetExhaustedError,
+    DataIntegrityError,
+    DeadlineExceededError,
+    DurableRecoveryRequiredError,
+    ErrorInfo,
+    PlannerFailedError,
+    PlanValidationError,
+    StaleFenceError,
+    StoreError,
+    TaskCanceledError,
+)
+from agentium_graph.runtime._outcome import node_error
+from agentium_graph.store._requests import SetStatus, SettleNode, Step
+
+if TYPE_CHECKING:
+    from agentium_graph.runtime._run import TaskRun
+
+StopReason = Literal["canceled", "deadline", "failed", "budget", "recovery"]
+
+
+@dataclass
+class Stop:
+    reason: StopReason
+    error: AgentiumGraphError
+    info: ErrorInfo | None = None
+
+
+def observe_stop(run: TaskRun) -> None:
+    if run.stop is not None:
+        return
+    if run.cancel_reason is not None:
+        begin_stop(run, Stop("canceled", TaskCanceledError(
+            f"task {run.key!r} was canceled: {run.cancel_reason}",
+            details={"reason": run.cancel_reason})))
+        return
+    deadline = run.header.deadline
+    if deadline is not None and run.clock() >= deadline:
+        begin_stop(run, Stop("deadline", DeadlineExceededError(
+            f"task {run.key!r} passed its deadline {deadline.isoformat()}; recovery "
+            "never extends a deadline, so create a new task to retry",
+            details={"deadline": deadline.isoformat()})))
+
+
+def settle_planning(run: TaskRun) -> None:
+    """Install the plan the planner committed, or stop the task with why it has none."""
+    if run.proposed_root is not None and run.header.revision >= 1:
+        # Revision 1 is committed: its nodes are the task's, whatever happens to the
+        # planning job now (a stop must see them to close them).
+        run.graph.set_root(run.proposed_root)
+        run.proposed_root = None
+        run.again = True
+    task = run.planning
+    if task is None or not task.done():
+        return
+    run.planning = None
+    run.program = None
+    if task.cancelled():
+        return  # a stop canceled it
+    exc = task.exception()
+    if exc is None:
+        return
+    if isinstance(exc, StoreError | StaleFenceError | DataIntegrityError):
+        if run.lost is None:
+            run.lost = exc  # the run ends with it; the task stays recoverable
+        return
+    if run.stop is not None or run.lost is not None:
+        return  # the planner failed because the run is ending anyway
+    if isinstance(exc, BudgetExhaustedError):
+        begin_stop(run, Stop("budget", exc))
+    elif isinstance(exc, PlanValidationError):
+        begin_stop(run, Stop("failed", exc, ErrorInfo(
+            code=exc.code, message=str(exc),
+            details={"diagnostics": [d.model_dump() for d in exc.diagnostics]})))
+    else:
+        what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if isinstance(exc, TimeoutError):
+            what = "the call took longer than the planner's max_latency_ms"
+        error = PlannerFailedError(
+            f"task {run.key!r}: the planner failed: {what}; fix the provider (or its "
+            "script) and create the task again", details={"error": type(exc).__name__})
+        error.__cause__ = exc
+        begin_stop(run, Stop("failed", error, error.to_info()))
+
+
+def begin_stop(run: TaskRun, stop: Stop) -> None:
+    run.stop = stop
+    reason = stop.reason
+    run.admission.reject_all(reason)
+    for item in run.ready.values():
+        run.admission.withdraw(item.ticket, reason)
+    run.ready.clear()
+    if reason in ("canceled", "deadline"):
+        if run.planning is not None:
+            run.planning.cancel()  # a model call: cancellable, nothing committed yet
+        for running in run.running.values():
+            running.ctx._cancel.set()
+            if running.task is not None and _cancellable(run, running.node_id):
+                running.task.cancel()
+
+
+def _cancellable(run: TaskRun, node_id: str) -> bool:
+    # Effects are never preempted: a connector honors cancellation itself, and the
+    # receipt of accepted remote work must still be recorded.
+    spec = run.graph.specs.get(node_id)
+    binding = spec.binding if spec is not None else None
+    if isinstance(binding, AgentBinding):
+        return True  # an agent's model calls are cancellable; its effects settle first
+    return isinstance(binding, ToolBinding) and binding.execute is not None and \
+        inspect.iscoroutinefunction(binding.execute)
+
+
+def check_recoverable(run: TaskRun) -> None:
+    """A crash may have left a failed or uncertain node without the matching task
+    status; finish that first instead of scheduling around it."""
+    for node_id in run.graph.order:
+        rec = run.nodes[node_id]
+        if rec.state == "failed" and run.stop is None:
+            begin_stop(run, failure_stop(run, node_id, rec.error))
+    stuck = sorted(a.action_id for a in run.actions.values() if a.state == "uncertain")
+    if stuck and run.stop is None:
+        run.uncertain.extend(stuck)
+        begin_stop(run, recovery_stop(run))
+
+
+def recovery_stop(run: TaskRun) -> Stop:
+    ids = sorted(run.uncertain)
+    error = DurableRecoveryRequiredError(run.key, ids)
+    return Stop("recovery", error, ErrorInfo(code=error.code, message=str(error),
+                                              details={"action_ids": ids}))
+
+
+def failure_stop(run: TaskRun, node_id: str, info: ErrorInfo | None) -> Stop:
+    info = info or ErrorInfo(code="node_failed", message="node failed", node_id=node_id)
+    return Stop("failed", node_error(info, f"node {node_id!r} failed: {info.message}",
+                                      node_id), info)
+
+
+def final_steps(run: TaskRun, launching: bool) -> list[Step]:
+    if run.running or launching or run.planning is not None or \
+            (run.ready and run.stop is None):
+        return []
+    stop = run.stop
+    if stop is None:
+        if any(n not in run.done for n in run.graph.order):
+            return []  # more nodes become ready next turn
+        return [SetStatus(status="completed", release_lease=True)]
+    # Stopping and nothing is running: close every open node, then the task.
+    steps: list[Step] = []
+    for node_id in run.graph.order:
+        if node_id not in run.closed and stop.reason not in ("budget", "recovery"):
+            steps.append(SettleNode(node_id=node_id, state="canceled",
+                                    error=stop.error.to_info()))
+    if stop.reason == "recovery":
+        stop = recovery_stop(run)  # name every uncertain action, not just the first
+        run.stop = stop
+        steps.append(SetStatus(status="recovery_required", error=stop.info,
+                               release_lease=True))
+    elif stop.reason == "canceled":
+        steps.append(SetStatus(status="canceled", error=stop.error.to_info(),
+                               release_lease=True))
+    elif stop.reason == "budget":
+        steps.append(SetStatus(status="pending", error=stop.error.to_info(),
+                               release_lease=True))
+    else:
+        steps.append(SetStatus(status="failed", error=stop.info or stop.error.to_info(),
+                               release_lease=True))
+    return steps
