@@ -30,9 +30,27 @@ def script(variant: str) -> list[ScriptedTurn]:
                                 match=TurnMatch(metadata={"proposal": 1}))]
 
 
+PREFIX = ("a", "b")  # what the streamed planner's first frame plans
+
+
+def stream_script() -> list[ScriptedTurn]:
+    """Stream mode: the first call sends a frame with the prefix a -> b, then hangs (the
+    worker is killed while a and b run); the continuation sends the whole graph."""
+    usage = Usage(input_tokens=300, output_tokens=60)
+    whole = plan()
+    prefix = {**whole, "nodes": [n for n in whole["nodes"] if n["id"] in PREFIX]}
+    first = json.dumps({"baseRevision": 0, "plan": prefix}) + "\n"
+    rest = json.dumps({"baseRevision": 1, "plan": {**whole, "revision": 2}}) + "\n"
+    return [ScriptedTurn(text=first, usage=usage, match=TurnMatch(metadata={"call": 0}),
+                         partial_stream_then_fail=PartialStream(events=1, ending="hang")),
+            ScriptedTurn(text=rest, usage=usage, match=TurnMatch(metadata={"call": 1}))]
+
+
 def program(config: dict[str, Any]) -> ExecutionGraphProgram:
-    provider = ScriptedProvider(script(config.get("script", "normal")),
-                                call_log_path=config["provider_log"])
+    stream = config.get("script") == "stream"
+    turns = stream_script() if stream else script(config.get("script", "normal"))
+    provider = ScriptedProvider(turns, call_log_path=config["provider_log"], chunks=1)
     return ExecutionGraphProgram(id="planned", version="1", planner=PlannerConfig(
         provider=provider, host_instructions="Plan the acceptance pipeline.",
-        max_corrections=2, max_output_tokens=400), limits=PlanLimits(max_concurrency=FAN))
+        max_corrections=2, max_output_tokens=400, mode="stream" if stream else "complete"),
+        limits=PlanLimits(max_concurrency=FAN))

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from acceptance._graph import EXPECTED
+from acceptance._planner_graph import PREFIX
 from acceptance.conftest import Case, snapshot
 from agentium_graph import DurableTaskStore
 from agentium_graph.store import TaskSnapshot, TimelineRequest
@@ -82,3 +83,38 @@ async def test_kill_inside_a_planner_call(case: Case, store_of: DurableTaskStore
     # The interrupted request is asked again once; the correction exactly once.
     assert sorted(case.provider_calls().values()) == [1, 2]
     assert after.header.counters["model_calls"] == 3  # the interrupted call stays charged
+
+
+async def test_kill_while_a_streamed_plan_is_still_arriving(
+        case: Case, store_of: DurableTaskStore) -> None:
+    # Stream mode: the first frame (a -> b) is committed and runs while the stream hangs;
+    # the worker is killed there. A fresh process continues from revision 1.
+    proc = case.start(**planner_config(case, create=True, script="stream"))
+    deadline = time.monotonic() + 30
+    while True:
+        assert time.monotonic() < deadline and proc.poll() is None
+        state = await store_of.get_task(case.key)
+        if state is not None and all(state.nodes.get(n) is not None and
+                                     state.nodes[n].state == "completed" for n in PREFIX):
+            break
+        await asyncio.sleep(0.02)
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    before = await snapshot(store_of, case.key)
+    assert before.header.revision == 1 and set(before.nodes) == set(PREFIX)
+    assert before.header.counters["model_calls"] == 1
+
+    code, out, err = case.run(**planner_config(case, script="stream"))
+    assert code == 0 and out is not None and out["ok"], (out, err)
+    assert {n: v["value"] for n, v in out["output"].items()} == EXPECTED
+    after = await snapshot(store_of, case.key)
+    assert after.header.status == "completed" and after.header.revision == 2
+    for node in EXPECTED:  # the prefix that completed before the kill never re-ran
+        assert case.starts(node) == 1, f"{node} started {case.starts(node)} times"
+    for name, value in before.header.counters.items():
+        assert after.header.counters[name] >= value, f"{name} refunded"
+    # The interrupted stream is not asked again: one continuation from revision 1.
+    assert sorted(case.provider_calls().values()) == [1, 1]
+    assert after.header.counters["model_calls"] == 2
+    assert await verdicts(store_of, case.key) == [True, True]

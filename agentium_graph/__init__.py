@@ -4,7 +4,12 @@ The public API is exactly what this module exports (see ``__all__``); everything
 ``_private`` module may change without notice.
 """
 
-from agentium_graph._program import ExecutionGraphProgram, PlanLimits, PlannerConfig
+from agentium_graph._program import (
+    ExecutionGraphProgram,
+    PlanLimits,
+    PlannerConfig,
+    StreamLimits,
+)
 from agentium_graph.catalog import (
     Agent,
     AgentBinding,
@@ -112,6 +117,7 @@ __all__ = [
     "StoreNotDurableError",
     "StoreSchemaError",
     "StoreUnavailableError",
+    "StreamLimits",
     "TaskCanceledError",
     "TaskConflictError",
     "TaskNotFoundError",

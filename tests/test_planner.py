@@ -338,13 +338,6 @@ async def test_a_provider_failure_fails_the_task_with_a_typed_error(calls: Calls
     assert provider.call_count == 1
 
 
-async def test_stream_mode_is_refused_before_anything_is_stored(calls: Calls) -> None:
-    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
-    with pytest.raises(ConfigurationError, match="mode='complete'"):
-        await rt.create("s", planned(ScriptedProvider([turn(GOOD)]), mode="stream"))
-    assert await rt.store.get_header("s") is None
-
-
 async def test_replay_does_not_depend_on_the_recovering_catalog_s_descriptions(
         calls: Calls) -> None:
     store = CrashOnPlannerCommit(after=1)

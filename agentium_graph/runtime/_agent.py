@@ -209,7 +209,7 @@ async def fetch_response(run: TaskRun, caller: ModelCaller, request: ModelReques
              "output_tokens": max(0, response.usage.output_tokens - reserve_out)}
     # Usage beyond the reservation already happened: it is charged up to the limit and the
     # rest is journaled (a charge over the limit would be refused and lose the response).
-    charged, over = _within_limits(run, extra)
+    charged, over = within_limits(run, extra)
     data: dict[str, Any] = {"request_digest": req_digest, "digest": resp_digest,
                             "usage": response.usage.model_dump()}
     if over:
@@ -222,7 +222,7 @@ async def fetch_response(run: TaskRun, caller: ModelCaller, request: ModelReques
     return Fetched(response, req_digest, resp_digest, steps, {resp_digest: text})
 
 
-def _within_limits(run: TaskRun, extra: dict[str, int]) -> tuple[dict[str, int],
+def within_limits(run: TaskRun, extra: dict[str, int]) -> tuple[dict[str, int],
                                                                   dict[str, int]]:
     """Split ``extra`` into what fits under the task's limits and what is over them."""
     charged: dict[str, int] = {}

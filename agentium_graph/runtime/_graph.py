@@ -92,6 +92,47 @@ class FlatGraph:
         del self.scopes[""]
         return self.add_scope("", plan, None, None)
 
+    def revise_root(self, plan: CompiledPlan, tombstoned: tuple[str, ...]) -> None:
+        """Install a later revision of the root plan: drop the ``tombstoned`` nodes (unclaimed
+        pending ones the revision removed or replaced) and add the revision's new nodes.
+        Nodes the revision kept are left as they are, with whatever state they have."""
+        root = self.scopes[""]
+        gone = set(tombstoned)
+        if gone:
+            for node_id in gone:
+                spec = self.specs.pop(node_id, None)
+                if spec is None:
+                    continue
+                for dep in spec.deps:
+                    followers = self.succ.get(dep)
+                    if followers is not None and node_id in followers:
+                        followers.remove(node_id)
+                self.succ.pop(node_id, None)
+            self.order = [n for n in self.order if n not in gone]
+            self.pos = {n: i for i, n in enumerate(self.order)}
+            root.members = [n for n in root.members if n not in gone]
+            self.fresh = [n for n in self.fresh if n not in gone]
+        root.plan = plan
+        for local in plan.order:
+            if local in self.specs:
+                continue
+            node = plan.nodes[local]
+            spec = NodeSpec(id=local, local=local, scope="", binding=node.binding,
+                            args=node.args, refs=node.refs, deps=node.deps,
+                            literal=node.literal)
+            self.specs[local] = spec
+            self.pos[local] = len(self.order)
+            self.order.append(local)
+            root.members.append(local)
+            for dep in spec.deps:
+                self.succ.setdefault(dep, []).append(local)
+            # Its dependents may already be known (kept nodes never depend on new ones, but
+            # a replaced node keeps its id).
+            self.succ.setdefault(local, [n for n in root.members
+                                         if local in self.specs[n].deps and n != local])
+            self.fresh.append(local)
+        self.changed = True
+
     def scope_of(self, node_id: str) -> Scope:
         return self.scopes[self.specs[node_id].scope]
 

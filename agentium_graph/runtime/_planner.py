@@ -61,6 +61,8 @@ if TYPE_CHECKING:
     from agentium_graph.runtime._run import TaskRun
 
 MAX_FED_BACK = 50  # diagnostics returned to the model per rejected proposal
+CALL_KIND = "planner_call"      # a stream call, journaled with its charge before it is made
+SEALED_KIND = "planner_sealed"  # a stream ended with a committed plan: planning is over
 # What a host can do once the planner used every correction (the task itself has failed).
 EXHAUSTED_ADVICE = ("the planner used every correction; make the host instructions or the "
                     "catalog's descriptions clearer, or raise max_corrections, in a new "
@@ -93,13 +95,17 @@ def offered_catalog(run: TaskRun) -> list[dict[str, Any]]:
     return offered
 
 
+def source_data(run: TaskRun) -> dict[str, Any]:
+    """What a planner request shows as data: the input, the pinned catalog, the limits."""
+    return {"task_input": run.task_input, "catalog": offered_catalog(run),
+            "plan_limits": run.identity.plan_limits,
+            "max_expanded_nodes": run.header.limits.get("expanded_nodes")}
+
+
 def first_request(run: TaskRun, config: PlannerConfig) -> ModelRequest:
-    source = {"task_input": run.task_input, "catalog": offered_catalog(run),
-              "plan_limits": run.identity.plan_limits,
-              "max_expanded_nodes": run.header.limits.get("expanded_nodes")}
     messages = (ModelMessage(role="system", content=f"{config.host_instructions}\n\n"
                                                     f"{FORMAT_RULES}"),
-                ModelMessage(role="user", content=canonical_json(source)))
+                ModelMessage(role="user", content=canonical_json(source_data(run))))
     return ModelRequest(model_messages=messages, max_output_tokens=config.max_output_tokens,
                         metadata={"planner": run.identity.program["id"], "proposal": 0})
 
@@ -146,9 +152,13 @@ def parse_proposal(response: ModelResponse) -> tuple[Any, list[Diagnostic]]:
     return value, []
 
 
-def check_proposal(run: TaskRun, program: ExecutionGraphProgram, proposal: Any
+def check_proposal(run: TaskRun, program: ExecutionGraphProgram, proposal: Any, *,
+                   revision: int = 1, count_nodes: bool = True
                    ) -> tuple[CompiledPlan | None, list[Diagnostic]]:
-    """Validate a proposal as a whole candidate against what the task pinned."""
+    """Validate a proposal as a whole candidate against what the task pinned.
+
+    ``revision``: the revision it must declare. ``count_nodes``: check the expansion
+    allowance for all its nodes (a streamed revision counts only the nodes it adds)."""
     from agentium_graph.runtime._runtime import used_bindings
 
     try:
@@ -157,9 +167,9 @@ def check_proposal(run: TaskRun, program: ExecutionGraphProgram, proposal: Any
     except PlanValidationError as exc:
         return None, list(exc.diagnostics)
     diags: list[Diagnostic] = []
-    if compiled.revision != 1:
+    if compiled.revision != revision:
         diags.append(Diagnostic(path="$.revision", code="revision_mismatch", message=(
-            f"the first plan of a task is revision 1, not {compiled.revision}")))
+            f"this plan must be revision {revision}, not {compiled.revision}")))
     unpinned = sorted(f"{b.id}@{b.version}" for b in used_bindings(compiled, run.rt.catalog)
                       if f"{b.id}@{b.version}" not in run.identity.descriptors)
     if unpinned:
@@ -168,19 +178,26 @@ def check_proposal(run: TaskRun, program: ExecutionGraphProgram, proposal: Any
             "only the bindings offered")))
     limit = run.header.limits.get("expanded_nodes")
     used = run.header.counters.get("expanded_nodes", 0)
-    if limit is not None and used + len(compiled.order) > limit:
+    if count_nodes and limit is not None and used + len(compiled.order) > limit:
         diags.append(Diagnostic(path="$.nodes", code="expansion_limit", message=(
             f"{len(compiled.order)} nodes exceed the task's remaining expansion allowance "
             f"({limit - used} of max_expanded_nodes={limit})")))
     return (None, diags) if diags else (compiled, [])
 
 
-async def plan_task(run: TaskRun, program: ExecutionGraphProgram) -> CompiledPlan:
-    """Propose, check and commit the task's first plan; returns it compiled."""
+async def plan_task(run: TaskRun, program: ExecutionGraphProgram) -> None:
+    """Propose, check and commit the task's plan (streamed revisions in stream mode)."""
     config = program.planner
     assert config is not None
+    if config.mode == "stream":
+        from agentium_graph.runtime._planner_stream import plan_stream
+
+        await plan_stream(run, program)
+        return
+    if run.header.revision >= 1:
+        return  # planned already
     caller = ModelCaller(node_id=None, incarnation=f"{run.header.task_id}:planner",
-                         provider=config.provider, stream=config.mode == "stream",
+                         provider=config.provider, stream=False,
                          timeout=config.stream.max_latency_ms / 1000,
                          journal_kind=PLANNER_KIND)
     request = first_request(run, config)
@@ -213,9 +230,9 @@ async def plan_task(run: TaskRun, program: ExecutionGraphProgram) -> CompiledPla
                 base_revision=0, revision=1, plan_digest=plan_digest,
                 add=tuple(node_record(run.key, compiled, "", n, None) for n in compiled.order),
                 admission_id=admission_id(run.header.task_id, "planner:revision:1")))
-            run.proposed_root = compiled  # installed by the loop once revision 1 commits
+            run.proposed.append((1, compiled, ()))  # installed once revision 1 commits
             await run.submit(steps, blobs)
-            return compiled
+            return
         if not fetched.replayed:  # a replayed rejection's verdict is already journaled
             verdict["diagnostics"] = [d.model_dump(exclude_none=True)
                                       for d in diags[:MAX_FED_BACK]]
@@ -231,6 +248,19 @@ async def plan_task(run: TaskRun, program: ExecutionGraphProgram) -> CompiledPla
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def install_revisions(run: TaskRun) -> None:
+    """Put committed root plan revisions into the run's graph, in order. A committed
+    revision's nodes are the task's whatever happens to the planning job afterwards (a stop
+    must see them to close them)."""
+    while run.proposed and run.proposed[0][0] <= run.header.revision:
+        revision, compiled, tombstoned = run.proposed.pop(0)
+        if revision == 1 and not run.graph.root.members:
+            run.graph.set_root(compiled)
+        else:
+            run.graph.revise_root(compiled, tombstoned)
+        run.again = True
+
+
 def _damaged(run: TaskRun) -> Any:
     def make(problem: str) -> Exception:
         return DataIntegrityError(f"task {run.key!r}: planner {problem}")
@@ -238,11 +268,7 @@ def _damaged(run: TaskRun) -> Any:
 
 
 def check_supported(program: ExecutionGraphProgram) -> None:
-    if program.planner is not None and program.planner.mode != "complete":
-        raise ConfigurationError(
-            f"program {program.id!r}: planner mode={program.planner.mode!r} is not "
-            "supported by this version (streamed revisions are not implemented yet); "
-            "use mode='complete'")
+    """Every planner mode is supported; kept as the one place a host-side check would go."""
 
 
 def find_program(programs: Mapping[tuple[str, str], ExecutionGraphProgram],
@@ -285,7 +311,8 @@ async def committed_plan(store: DurableTaskStore, header: TaskHeader
     return plan, plan_digest
 
 
-async def _journal(store: DurableTaskStore, header: TaskHeader) -> AsyncIterator[JournalEntry]:
+async def journal_entries(store: DurableTaskStore, header: TaskHeader
+                          ) -> AsyncIterator[JournalEntry]:
     """The task's journal in order, read in pages up to the header's ``journal_seq``."""
     after = 0
     while after < header.journal_seq:
@@ -300,7 +327,7 @@ async def _journal(store: DurableTaskStore, header: TaskHeader) -> AsyncIterator
 
 async def _committed_plan_digest(store: DurableTaskStore, header: TaskHeader) -> str:
     """The plan blob digest of the task's current revision, from its journal."""
-    async for entry in _journal(store, header):
+    async for entry in journal_entries(store, header):
         if entry.kind == "revision_committed" and \
                 entry.data.get("revision") == header.revision:
             return str(entry.data["plan_digest"])
@@ -320,7 +347,10 @@ async def planner_view(store: DurableTaskStore, header: TaskHeader,
     proposals = rejected = 0
     plan_digest: str | None = None
     last: tuple[Diagnostic, ...] = ()
-    async for entry in _journal(store, header):
+    sealed = False
+    async for entry in journal_entries(store, header):
+        if entry.kind == SEALED_KIND:
+            sealed = True
         if entry.kind != PROPOSAL_KIND:
             continue
         proposals += 1
@@ -332,7 +362,8 @@ async def planner_view(store: DurableTaskStore, header: TaskHeader,
             last = tuple(Diagnostic(**d) for d in entry.data.get("diagnostics", ()))
         except (TypeError, ValueError):
             problems.append(f"journal entry {entry.seq}: the planner verdict is unreadable")
-    state: PlannerState = "planned" if header.revision >= 1 else \
+    stream = pinned.get("mode") == "stream"
+    state: PlannerState = "planned" if (sealed if stream else header.revision >= 1) else \
         "failed" if header.status == "failed" else \
         "canceled" if header.status == "canceled" else "planning"
     provider = pinned.get("provider")

@@ -54,7 +54,7 @@ from agentium_graph.runtime._agent import (
 from agentium_graph.runtime._context import ToolContext, reset_context, set_context
 from agentium_graph.runtime._graph import FlatGraph, NodeSpec
 from agentium_graph.runtime._outcome import Outcome, check_output, schema_error
-from agentium_graph.runtime._planner import plan_task
+from agentium_graph.runtime._planner import install_revisions, plan_task
 from agentium_graph.runtime._states import RESTARTABLE
 from agentium_graph.runtime._stops import (
     Stop,
@@ -121,6 +121,16 @@ class _Submission:
     steps: list[Step]
     blobs: dict[str, str]
     future: asyncio.Future[None]
+    tombstone: tuple[str, ...] = ()  # nodes a plan revision removes: must still be unclaimed
+    revision: bool = False           # a streamed plan revision: refused once the run stops
+
+
+class RevisionConflict(Exception):
+    """A plan revision would remove nodes that were started after it was checked."""
+
+    def __init__(self, started: list[str]) -> None:
+        super().__init__(f"nodes {started} were started before the revision was committed")
+        self.started = started
 
 
 class FastStartRefused(Exception):
@@ -137,10 +147,13 @@ class TaskRun:
         self.identity = state.identity
         # A planner program whose task has no plan yet: planning runs first, as a job of
         # the loop (its commits are the loop's group commits).
-        self.program = program if program is not None and state.header.revision == 0 \
-            else None
-        self.planning: asyncio.Task[CompiledPlan] | None = None
-        self.proposed_root: CompiledPlan | None = None  # submitted as revision 1
+        # Planning runs before revision 1 (and, streamed, until the stream sealed).
+        self.program = program if program is not None and program.planner is not None and (
+            state.header.revision == 0 or program.planner.mode == "stream") else None
+        self.planning: asyncio.Task[None] | None = None
+        # Root plan revisions submitted by the planner, installed once committed:
+        # (revision, compiled plan, nodes it tombstones).
+        self.proposed: list[tuple[int, CompiledPlan, tuple[str, ...]]] = []
         # Set when ``state`` is what this runtime itself just created: the lease is then
         # taken by the first commit (one durable write instead of two), and ``fence`` is
         # only the expected one until that commit returns the real one.
@@ -263,6 +276,7 @@ class TaskRun:
                         if not sub.future.done():
                             sub.future.set_exception(exc)
                     raise
+                install_revisions(self)  # before a planner sees its submission committed
                 for sub in accepted:
                     if not sub.future.done():
                         sub.future.set_result(None)
@@ -275,10 +289,14 @@ class TaskRun:
                 self.again = True
             await self._wait()
 
-    async def submit(self, steps: list[Step], blobs: dict[str, str] | None = None) -> None:
-        """Commit ``steps`` from inside a running node, in the loop's next group commit."""
+    async def submit(self, steps: list[Step], blobs: dict[str, str] | None = None, *,
+                     tombstone: tuple[str, ...] = (), revision: bool = False) -> None:
+        """Commit ``steps`` from inside a running node, in the loop's next group commit.
+
+        ``tombstone``: pending nodes the steps remove (a plan revision). The submission is
+        refused with :class:`RevisionConflict` if one of them was started meanwhile."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.submissions.append(_Submission(steps, blobs or {}, future))
+        self.submissions.append(_Submission(steps, blobs or {}, future, tombstone, revision))
         self.wake.set()
         await future
 
@@ -293,6 +311,21 @@ class TaskRun:
             if halted and any(isinstance(step, Charge) for step in sub.steps):
                 sub.future.cancel()  # no new work is admitted once the task is stopping
                 continue
+            if sub.revision and self.stop is not None:
+                sub.future.cancel()  # a stopping run takes no new plan revision
+                continue
+            if sub.tombstone:
+                started = sorted(n for n in sub.tombstone if n in self.running or
+                                 n in self.closed or self.nodes.get(n) is None or
+                                 self.nodes[n].state != "pending")
+                if started:
+                    sub.future.set_exception(RevisionConflict(started))
+                    continue
+                for node_id in sub.tombstone:  # waiting for a permit: withdrawn unstarted
+                    item = self.ready.pop(node_id, None)
+                    if item is not None:
+                        self.admission.withdraw(item.ticket, "revised")
+                    self.frontier.discard(node_id)
             charges: dict[str, int] = {}
             charge: Charge | None = None
             for step in sub.steps:
@@ -303,12 +336,12 @@ class TaskRun:
             exhausted = self._exceeds(charges, pending)
             if exhausted is not None:
                 counter, used, limit = exhausted
-                node_id = None if charge is None else charge.node_id
-                self.admission.emit("exhausted", node_id, counter=counter,
+                owner = None if charge is None else charge.node_id
+                self.admission.emit("exhausted", owner, counter=counter,
                                     admission_id=None if charge is None else
                                     charge.admission_id)
                 sub.future.set_exception(BudgetExhaustedError(
-                    self.key, counter, used, charges[counter], limit, node_id=node_id))
+                    self.key, counter, used, charges[counter], limit, node_id=owner))
                 continue
             for name, amount in charges.items():
                 pending[name] = pending.get(name, 0) + amount

@@ -26,6 +26,7 @@ from agentium_graph.errors import (
     TaskCanceledError,
 )
 from agentium_graph.runtime._outcome import node_error
+from agentium_graph.runtime._planner import install_revisions
 from agentium_graph.store._requests import SetStatus, SettleNode, Step
 
 if TYPE_CHECKING:
@@ -59,12 +60,7 @@ def observe_stop(run: TaskRun) -> None:
 
 def settle_planning(run: TaskRun) -> None:
     """Install the plan the planner committed, or stop the task with why it has none."""
-    if run.proposed_root is not None and run.header.revision >= 1:
-        # Revision 1 is committed: its nodes are the task's, whatever happens to the
-        # planning job now (a stop must see them to close them).
-        run.graph.set_root(run.proposed_root)
-        run.proposed_root = None
-        run.again = True
+    install_revisions(run)
     task = run.planning
     if task is None or not task.done():
         return

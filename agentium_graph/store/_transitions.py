@@ -230,7 +230,10 @@ class _Apply:
         fresh = []
         for rec in new:
             existing = self.changed_nodes.get(rec.node_id) or self.nodes.get(rec.node_id)
-            if existing is not None:
+            if existing is not None and not (existing.state == "tombstoned" and
+                                             existing.incarnation_id != rec.incarnation_id):
+                # (A tombstoned node may be replaced by a new incarnation under its id: the
+                # journal's node_tombstoned entry keeps the one it replaced.)
                 if existing.incarnation_id != rec.incarnation_id:
                     raise InvalidTransitionError(
                         f"node {rec.node_id!r} already exists as another incarnation",
@@ -365,7 +368,8 @@ class _Apply:
                     f"node {node_id!r} is {rec.state}; only unclaimed pending nodes may be "
                     "replaced or removed", node_id=node_id)
             self.put(rec.model_copy(update={"state": "tombstoned", "updated_at": self.req.now}))
-            self.log("node_tombstoned", node_id, revision=step.revision)
+            self.log("node_tombstoned", node_id, revision=step.revision,
+                     incarnation_id=rec.incarnation_id)
         self.add_nodes(step.add, step.admission_id)
         self.revision = step.revision
         self.log("revision_committed", None, revision=step.revision,
@@ -380,10 +384,11 @@ class _Apply:
             existing = self.changed_nodes.get(rec.node_id) or self.nodes.get(rec.node_id)
             if existing is None or existing.incarnation_id != rec.incarnation_id:
                 return False
+        replaced = {rec.node_id for rec in step.add}
         for node_id in step.tombstone:
             existing = self.changed_nodes.get(node_id) or self.nodes.get(node_id)
-            if existing is None or existing.state != "tombstoned":
-                return False
+            if node_id not in replaced and (existing is None or existing.state != "tombstoned"):
+                return False  # (a replaced node was checked above as its new incarnation)
         return True
 
     def record_action(self, action: ActionRecord) -> None:

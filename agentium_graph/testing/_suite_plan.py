@@ -118,6 +118,36 @@ class PlanTests(SuiteBase):
         kinds = [e.kind for e in await read_timeline(store, KEY)]
         assert {"node_tombstoned", "node_added", "revision_committed"} <= set(kinds)
 
+    async def test_a_revision_replaces_a_pending_node_under_its_id(
+            self, store: DurableTaskStore) -> None:
+        fence = await self.leased(store, nodes=3)
+        old = (await store.get_task(KEY))
+        assert old is not None
+        step = _revision(1, add=("n2",), tombstone=("n2",))  # n2 again, at revision 2
+        result = await commit(store, KEY, W1, fence, step)
+        assert result.header.revision == 2 and result.header.counters["expanded_nodes"] == 4
+        snapshot = await store.get_task(KEY)
+        assert snapshot is not None
+        replaced = snapshot.nodes["n2"]
+        assert (replaced.state, replaced.revision) == ("pending", 2)
+        assert replaced.incarnation_id != old.nodes["n2"].incarnation_id
+        # The journal keeps the incarnation that was replaced.
+        entries = await read_timeline(store, KEY)
+        (gone,) = [e for e in entries if e.kind == "node_tombstoned"]
+        assert gone.node_id == "n2"
+        assert gone.data["incarnation_id"] == old.nodes["n2"].incarnation_id
+        # Sending the same revision again changes nothing.
+        before = await capture(store, KEY)
+        await commit(store, KEY, W1, fence, step, now=LATER)
+        after = await capture(store, KEY)
+        assert after.snapshot is not None and before.snapshot is not None
+        assert after.snapshot.nodes == before.snapshot.nodes
+        assert after.snapshot.header.counters == before.snapshot.header.counters
+        # A started node cannot be replaced.
+        await commit(store, KEY, W1, fence, StartAttempt(node_id="n0", attempt_id="a"))
+        await rejected(store, KEY, InvalidTransitionError, commit(
+            store, KEY, W1, fence, _revision(2, add=("n0",), tombstone=("n0",))))
+
     async def test_identical_revision_retransmission_is_idempotent(
             self, store: DurableTaskStore) -> None:
         fence = await self.leased(store, nodes=3)

@@ -1,0 +1,295 @@
+"""Planner programs in stream mode: revisions arrive as frames while the committed prefix runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from agentium_graph import (
+    ExecutionGraphProgram,
+    ExecutionGraphRuntime,
+    PlannerConfig,
+    PlannerFailedError,
+    PlanValidationError,
+    StreamLimits,
+    TaskCanceledError,
+    ToolBinding,
+)
+from agentium_graph.providers import (
+    PartialStream,
+    ProviderError,
+    ScriptedProvider,
+    ScriptedTurn,
+    TurnMatch,
+    Usage,
+)
+from tests.conftest import INT_OUT, Calls, make_catalog, wait_until
+
+USAGE = Usage(input_tokens=100, output_tokens=20)
+
+
+def node(node_id: str, x: Any, *deps: str, binding: str = "inc") -> dict[str, Any]:
+    spec: dict[str, Any] = {"id": node_id, "binding": binding, "version": "1", "args": {"x": x}}
+    if deps:
+        spec["dependsOn"] = list(deps)
+    return spec
+
+
+def ref(node_id: str) -> dict[str, Any]:
+    return {"$ref": {"node": node_id, "path": ["value"]}}
+
+
+def frame(base: int, *nodes: dict[str, Any]) -> str:
+    plan = {"schemaVersion": 1, "revision": base + 1, "nodes": list(nodes)}
+    return json.dumps({"baseRevision": base, "plan": plan}) + "\n"
+
+
+def turn(*frames: str, call: int | None = None, **kw: Any) -> ScriptedTurn:
+    match = None if call is None else TurnMatch(metadata={"call": call})
+    return ScriptedTurn(text="".join(frames), usage=USAGE, match=match, **kw)
+
+
+def streamed(provider: ScriptedProvider, **kw: Any) -> ExecutionGraphProgram:
+    config = PlannerConfig(provider=provider, host_instructions="Plan the arithmetic.",
+                           max_output_tokens=400, mode="stream", **kw)
+    return ExecutionGraphProgram(id="streamed", version="1", planner=config)
+
+
+class Gate:
+    """A tool that waits until the test opens it, so a node can be held running."""
+
+    def __init__(self) -> None:
+        self.open = asyncio.Event()
+        self.started = 0
+
+    def binding(self) -> ToolBinding:
+        async def gate(args: dict[str, Any]) -> dict[str, Any]:
+            self.started += 1
+            await self.open.wait()
+            return {"value": args["x"]}
+
+        return ToolBinding(id="gate", version="1", execute=gate, recovery="pure",
+                           input_schema={"type": "object"}, output_schema=INT_OUT)
+
+
+async def events(rt: ExecutionGraphRuntime, key: str) -> list[Any]:
+    return list((await rt.timeline(key, limit=1000)).events)
+
+
+async def test_frames_commit_revisions_while_the_prefix_runs(calls: Calls) -> None:
+    # Frame 1 plans a; frame 2 (after a pause) keeps a and adds b after it.
+    provider = ScriptedProvider([turn(frame(0, node("a", 1)),
+                                      frame(1, node("a", 1), node("b", ref("a"), "a")),
+                                      chunk_delay=0.05)], chunks=12)
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("s", streamed(provider))
+    result = await rt.run("s")
+    assert result.output == {"a": {"value": 2}, "b": {"value": 3}}
+    assert result.revision == 2
+
+    kinds = [(e.kind, e.node_id, e.data.get("revision")) for e in await events(rt, "s")]
+    started_a = kinds.index(("attempt_started", "a", None))
+    committed_2 = kinds.index(("revision_committed", None, 2))
+    assert started_a < committed_2  # the committed prefix ran while frames arrived
+    names = [k for k, _, _ in kinds]
+    assert names.count("planner_call") == 1 and names.count("planner_sealed") == 1
+    assert names.index("planner_sealed") > committed_2  # sealed at the stream's end
+
+    view = await rt.inspect("s")
+    assert view.verified and view.revision == 2
+    assert view.counters["plan_revisions"] == 2 and view.counters["expanded_nodes"] == 2
+    assert view.counters["model_calls"] == 1 and provider.open_streams == 0
+    assert view.planner is not None and view.planner.state == "planned"
+    assert view.planner.mode == "stream" and view.planner.proposals == 2
+    (request,) = provider.calls
+    assert "baseRevision" in request.model_messages[0].content
+    # A sealed task never plans again.
+    again = await rt.run("s")
+    assert again.output == result.output and provider.call_count == 1
+
+
+async def test_a_revision_replaces_and_removes_unstarted_nodes(calls: Calls) -> None:
+    gate = Gate()
+    first = frame(0, node("g", 5, binding="gate"), node("b", 100, "g"), node("c", 200, "g"))
+    second = frame(1, node("g", 5, binding="gate"), node("b", ref("g"), "g"))
+    provider = ScriptedProvider([turn(first, second, chunk_delay=0.05)], chunks=10)
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls, [gate.binding()]))
+    await rt.create("r", streamed(provider))
+    running = asyncio.create_task(rt.run("r"))
+    await wait_until(lambda: gate.started == 1)
+    await wait_until(lambda: provider.call_count == 1 and provider.open_streams == 0)
+    gate.open.set()
+    result = await asyncio.wait_for(running, 5)
+    assert result.output == {"g": {"value": 5}, "b": {"value": 6}}
+
+    view = await rt.inspect("r")
+    assert view.nodes["c"].state == "tombstoned" and view.nodes["b"].revision == 2
+    # b was replaced under its id (new incarnation), c removed; both spent allowance.
+    assert view.counters["expanded_nodes"] == 4
+    gone = {e.node_id: e.data for e in await events(rt, "r") if e.kind == "node_tombstoned"}
+    assert set(gone) == {"b", "c"}
+    assert gone["b"]["incarnation_id"] != view.nodes["b"].incarnation_id
+    assert calls.by_node.get("c") is None
+
+
+async def test_a_frame_that_changes_a_started_node_is_corrected(calls: Calls) -> None:
+    gate = Gate()
+    provider = ScriptedProvider([
+        turn(frame(0, node("g", 1, binding="gate")),
+             frame(1, node("g", 2, binding="gate")), chunk_delay=0.05, call=0),
+        turn(frame(1, node("g", 1, binding="gate"), node("b", ref("g"), "g")), call=1),
+    ], chunks=8)
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls, [gate.binding()]))
+    await rt.create("c", streamed(provider))
+    running = asyncio.create_task(rt.run("c"))
+    await wait_until(lambda: provider.call_count == 2)
+    gate.open.set()
+    result = await asyncio.wait_for(running, 5)
+    assert result.output == {"g": {"value": 1}, "b": {"value": 2}}
+    assert gate.started == 1  # the started node was never re-run
+
+    verdicts = [e.data for e in await events(rt, "c") if e.kind == "plan_proposal"]
+    assert [v["accepted"] for v in verdicts] == [True, False, True]
+    assert verdicts[1]["diagnostics"][0]["code"] == "node_already_started"
+    feedback = json.loads(provider.calls[1].model_messages[-1].content)
+    assert feedback["continue_from_revision"] == 1
+    assert feedback["diagnostics"][0]["code"] == "node_already_started"
+    assert feedback["committed_plan"]["nodes"][0]["args"] == {"x": 1}
+    view = await rt.inspect("c")
+    assert view.counters["model_calls"] == 2 and view.revision == 2
+    assert view.planner is not None and (view.planner.proposals, view.planner.rejected) == (3, 1)
+
+
+async def test_an_identical_retransmission_is_ignored(calls: Calls) -> None:
+    one = frame(0, node("a", 1))
+    provider = ScriptedProvider([turn(one, one, one)])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("i", streamed(provider))
+    assert (await rt.run("i")).output == {"a": {"value": 2}}
+    view = await rt.inspect("i")
+    assert view.revision == 1 and view.counters["plan_revisions"] == 1
+    assert view.planner is not None and view.planner.rejected == 0
+
+
+@pytest.mark.parametrize(("text", "code"), [
+    ("not json\n", "frame_not_json"),
+    ('{"plan": {}}\n', "frame_shape"),
+    ('{"baseRevision": true, "plan": {}}\n', "frame_shape"),
+    (frame(3, node("a", 1)), "base_revision_mismatch"),
+    (frame(0, node("a", 1)).replace('"revision": 1', '"revision": 5'), "revision_mismatch"),
+    (frame(0, node("a", 1, binding="teleport")), "unknown_binding"),
+])
+async def test_bad_frames_name_what_is_wrong(calls: Calls, text: str, code: str) -> None:
+    provider = ScriptedProvider([turn(text, call=0), turn(frame(0, node("a", 1)), call=1)])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("b", streamed(provider))
+    assert (await rt.run("b")).output == {"a": {"value": 2}}
+    fed = json.loads(provider.calls[1].model_messages[-1].content)["diagnostics"]
+    assert code in {d["code"] for d in fed}
+
+
+async def test_limits_close_the_stream_or_fail_the_task(calls: Calls) -> None:
+    big = frame(0, node("a", 1), node("b", 2), node("c", 3))
+    provider = ScriptedProvider([turn(big, call=0), turn(frame(0, node("a", 1)), call=1)])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("f", streamed(provider, stream=StreamLimits(max_frame_bytes=len(big) - 10)))
+    assert (await rt.run("f")).output == {"a": {"value": 2}}
+    fed = json.loads(provider.calls[1].model_messages[-1].content)["diagnostics"]
+    assert fed[0]["code"] == "frame_too_large"
+
+    many = ScriptedProvider([turn(*(frame(i, *(node(f"n{j}", j) for j in range(i + 1)))
+                                    for i in range(3)))])
+    await rt.create("m", streamed(many, stream={"max_frames": 2}))
+    with pytest.raises(PlanValidationError) as failed:
+        await rt.run("m")
+    assert [d.code for d in failed.value.diagnostics] == ["too_many_frames"]
+    view = await rt.inspect("m")
+    assert view.status == "failed" and view.revision == 2
+    assert all(n.state == "canceled" for n in view.nodes.values() if n.state != "completed")
+
+
+async def test_every_call_rejected_fails_with_the_last_diagnostics(calls: Calls) -> None:
+    bad = frame(0, node("a", 1, binding="teleport"))
+    provider = ScriptedProvider([turn(bad, call=0), turn(bad, call=1)])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("x", streamed(provider, max_corrections=1))
+    with pytest.raises(PlanValidationError) as failed:
+        await rt.run("x")
+    assert failed.value.diagnostics[0].code == "unknown_binding"
+    assert "host instructions" in str(failed.value)
+    assert provider.call_count == 2
+    view = await rt.inspect("x")
+    assert view.status == "failed" and view.counters["model_calls"] == 2
+    assert view.planner is not None and view.planner.state == "failed"
+
+
+async def test_an_incomplete_stream_is_continued_from_the_committed_revision(
+        calls: Calls) -> None:
+    first = frame(0, node("a", 1))
+    provider = ScriptedProvider([
+        turn(first, call=0, partial_stream_then_fail=PartialStream(events=1, ending="eof")),
+        turn(frame(1, node("a", 1), node("b", ref("a"), "a")), call=1)], chunks=1)
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("e", streamed(provider))
+    assert (await rt.run("e")).output == {"a": {"value": 2}, "b": {"value": 3}}
+    feedback = json.loads(provider.calls[1].model_messages[-1].content)
+    assert feedback["continue_from_revision"] == 1
+    assert feedback["diagnostics"][0]["code"] == "stream_incomplete"
+
+
+async def test_a_provider_error_fails_the_task_with_a_typed_error(calls: Calls) -> None:
+    provider = ScriptedProvider([turn(frame(0, node("a", 1)), fail=ProviderError("down"))])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("d", streamed(provider))
+    with pytest.raises(PlannerFailedError, match="down"):
+        await rt.run("d")
+
+
+async def test_a_new_worker_continues_an_unsealed_stream(calls: Calls) -> None:
+    # The first worker dies mid-stream (its run is torn down after revision 1 committed);
+    # another runtime on the same store asks for a continuation from revision 1.
+    first = ScriptedProvider([turn(frame(0, node("a", 1)),
+                                   partial_stream_then_fail=PartialStream(events=1,
+                                                                          ending="hang"))],
+                             chunks=1)
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls), lease_ttl=0.2, poll_interval=0.05)
+    await rt.create("w", streamed(first))
+    dying = asyncio.create_task(rt.run("w", worker_id="w1"))
+    await wait_until(lambda: calls.by_node.get("a") == 1)
+    dying.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await dying
+    assert first.open_streams == 0
+
+    second = ScriptedProvider([turn(frame(1, node("a", 1), node("b", ref("a"), "a")),
+                                    call=1)])
+    other = ExecutionGraphRuntime(catalog=make_catalog(calls), store=rt.store,
+                                  programs=[streamed(second)])
+    result = await other.run("w", worker_id="w2", wait=True)
+    assert result.output == {"a": {"value": 2}, "b": {"value": 3}}
+    assert calls.by_node["a"] == 1  # the completed node was not re-run
+    (request,) = second.calls
+    assert json.loads(request.model_messages[-1].content)["continue_from_revision"] == 1
+    view = await other.inspect("w")
+    assert view.counters["model_calls"] == 2
+
+
+async def test_cancel_while_streaming_closes_the_stream(calls: Calls) -> None:
+    provider = ScriptedProvider([turn(frame(0, node("a", 1)),
+                                      partial_stream_then_fail=PartialStream(events=1,
+                                                                             ending="hang"))],
+                                chunks=1)
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("k", streamed(provider))
+    running = asyncio.create_task(rt.run("k"))
+    await wait_until(lambda: calls.by_node.get("a") == 1)
+    await rt.cancel("k", reason="enough")
+    with pytest.raises(TaskCanceledError):
+        await asyncio.wait_for(running, 5)
+    assert provider.open_streams == 0
+    view = await rt.inspect("k")
+    assert view.status == "canceled" and view.nodes["a"].state == "completed"
+    assert view.planner is not None and view.planner.state == "canceled"
