@@ -293,3 +293,21 @@ async def test_cancel_while_streaming_closes_the_stream(calls: Calls) -> None:
     view = await rt.inspect("k")
     assert view.status == "canceled" and view.nodes["a"].state == "completed"
     assert view.planner is not None and view.planner.state == "canceled"
+
+
+async def test_a_provider_that_streams_a_non_event_fails_the_task(calls: Calls) -> None:
+    class Broken:
+        id, version = "broken", "1"
+
+        async def complete(self, request: Any) -> Any:
+            raise AssertionError("stream mode never calls complete()")
+
+        async def stream(self, request: Any) -> Any:
+            yield "not an event"
+
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("n", streamed(Broken()))  # type: ignore[arg-type]
+    with pytest.raises(PlannerFailedError, match="not a stream event"):
+        await rt.run("n")
+    view = await rt.inspect("n")
+    assert view.status == "failed" and view.counters["model_calls"] == 1

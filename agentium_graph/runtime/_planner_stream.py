@@ -46,6 +46,7 @@ from agentium_graph.errors import Diagnostic, PlanValidationError
 from agentium_graph.plan._validate import CompiledPlan
 from agentium_graph.providers import (
     IncompleteStreamError,
+    MalformedResponseError,
     ModelMessage,
     ModelRequest,
     StreamEnd,
@@ -213,6 +214,11 @@ async def _one_stream(run: TaskRun, program: ExecutionGraphProgram, config: Plan
                         await _frame(run, program, config, rest, state, call)
                     await _seal(run, event, estimate_in, reserve_out, state, call)
                     return
+                else:  # the provider broke its contract: a fault, not a model answer
+                    raise MalformedResponseError(
+                        f"the planner's provider streamed a {type(event).__name__}, which is "
+                        "not a stream event; fix the provider adapter",
+                        details={"reason": "not_a_stream_event"})
     finally:
         run.admission.release(ticket)
 
