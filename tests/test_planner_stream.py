@@ -9,11 +9,15 @@ from typing import Any
 import pytest
 
 from agentium_graph import (
+    BudgetExhaustedError,
     ExecutionGraphProgram,
     ExecutionGraphRuntime,
+    GraphBinding,
+    HostCatalog,
     PlannerConfig,
     PlannerFailedError,
     PlanValidationError,
+    RootLimits,
     StreamLimits,
     TaskCanceledError,
     ToolBinding,
@@ -23,6 +27,8 @@ from agentium_graph.providers import (
     ProviderError,
     ScriptedProvider,
     ScriptedTurn,
+    StreamEnd,
+    TextDelta,
     TurnMatch,
     Usage,
 )
@@ -311,3 +317,138 @@ async def test_a_provider_that_streams_a_non_event_fails_the_task(calls: Calls) 
         await rt.run("n")
     view = await rt.inspect("n")
     assert view.status == "failed" and view.counters["model_calls"] == 1
+
+
+class TwoFrames:
+    """A provider that sends its second frame only when the test's ``release`` is set."""
+
+    id, version = "two-frames", "1"
+
+    def __init__(self, first: str, second: str) -> None:
+        self.frames = (first, second)
+        self.release = asyncio.Event()
+
+    async def complete(self, request: Any) -> Any:
+        raise AssertionError("stream mode never calls complete()")
+
+    async def stream(self, request: Any) -> Any:
+        yield TextDelta(text=self.frames[0])
+        await self.release.wait()
+        yield TextDelta(text=self.frames[1])
+        yield StreamEnd(usage=USAGE, stop_reason="end")
+
+
+@pytest.mark.parametrize("replace", [True, False])
+async def test_a_node_made_ready_by_a_container_is_not_started_by_the_revision_s_commit(
+        replace: bool) -> None:
+    # x waits for container c; c's child releases frame 2 (which replaces or drops x) as it
+    # finishes, so c settles and x becomes ready in the very turn that drains frame 2. x
+    # must then run as the revision says: with its new args, or not at all.
+    seen: list[int] = []
+    provider: TwoFrames
+
+    async def signal(args: dict[str, Any]) -> dict[str, Any]:
+        provider.release.set()
+        await asyncio.sleep(0)
+        return {"value": args["x"]}
+
+    async def inc(args: dict[str, Any]) -> dict[str, Any]:
+        seen.append(args["x"])
+        return {"value": args["x"] + 1}
+
+    inner = ExecutionGraphProgram(id="inner", version="1", plan={
+        "schemaVersion": 1, "revision": 1,
+        "nodes": [{"id": "s", "binding": "signal", "version": "1", "args": {"x": 1}}]})
+    catalog = HostCatalog([
+        ToolBinding(id="signal", version="1", execute=signal, recovery="pure",
+                    input_schema={"type": "object"}, output_schema=INT_OUT),
+        ToolBinding(id="inc", version="1", execute=inc, recovery="pure",
+                    input_schema={"type": "object"}, output_schema=INT_OUT),
+        GraphBinding(id="sub", version="1", program=inner, input_schema={"type": "object"})])
+    c = {"id": "c", "binding": "sub", "version": "1", "args": {}}
+    later = [c, node("x", 20, "c")] if replace else [c]
+    provider = TwoFrames(frame(0, c, node("x", 10, "c")), frame(1, *later))
+    rt = ExecutionGraphRuntime(catalog=catalog)
+    await rt.create("t", streamed(provider))  # type: ignore[arg-type]
+    result = await asyncio.wait_for(rt.run("t"), 5)
+    view = await rt.inspect("t")
+    assert view.verified and view.revision == 2
+    if replace:
+        assert result.output["x"] == {"value": 21} and seen == [20]
+        assert view.nodes["x"].revision == 2
+    else:
+        assert "x" not in result.output and seen == []
+        assert view.nodes["x"].state == "tombstoned"
+
+
+async def test_a_revision_over_the_revision_budget_stops_the_run_keeping_its_work(
+        calls: Calls) -> None:
+    provider = ScriptedProvider([turn(frame(0, node("a", 1)),
+                                      frame(1, node("a", 1), node("b", ref("a"), "a")))])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("t", streamed(provider), limits=RootLimits(max_plan_revisions=1))
+    with pytest.raises(BudgetExhaustedError) as refused:
+        await rt.run("t")
+    assert refused.value.counter == "plan_revisions"
+    view = await rt.inspect("t")
+    # Only the refused revision is lost: a's completion, committed meanwhile, is kept.
+    assert view.status == "pending" and view.revision == 1
+    assert view.nodes["a"].state == "completed" and calls.by_node == {"a": 1}
+    assert view.counters["plan_revisions"] == 1
+
+
+async def test_a_failing_node_stops_planning_at_once(calls: Calls) -> None:
+    async def boom(args: dict[str, Any]) -> Any:
+        raise RuntimeError("boom")
+
+    failing = ToolBinding(id="boom", version="1", execute=boom, recovery="pure",
+                          input_schema={"type": "object"}, output_schema=INT_OUT)
+    provider = ScriptedProvider([turn(frame(0, node("f", 1, binding="boom")),
+                                      partial_stream_then_fail=PartialStream(events=1,
+                                                                             ending="hang"))],
+                                chunks=1)
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls, [failing]))
+    await rt.create("f", streamed(provider))
+    with pytest.raises(Exception, match="boom"):
+        await asyncio.wait_for(rt.run("f"), 5)  # not after max_latency_ms (30 s)
+    assert provider.open_streams == 0 and provider.call_count == 1
+    view = await rt.inspect("f")
+    assert view.status == "failed" and view.planner is not None
+    assert view.planner.state == "failed"
+
+
+async def test_a_dropped_node_can_come_back_as_a_new_incarnation(calls: Calls) -> None:
+    gate = Gate()
+    g = node("g", 1, binding="gate")
+    provider = ScriptedProvider([turn(frame(0, g, node("c", 1, "g")), frame(1, g),
+                                      frame(2, g, node("c", 5, "g")),
+                                      frame(3, g, node("c", 6, "g")), chunk_delay=0.02)],
+                                chunks=16)
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls, [gate.binding()]))
+    await rt.create("d", streamed(provider))
+    running = asyncio.create_task(rt.run("d"))
+    await wait_until(lambda: provider.call_count == 1 and provider.open_streams == 0)
+    gate.open.set()
+    result = await asyncio.wait_for(running, 5)
+    assert result.output == {"g": {"value": 1}, "c": {"value": 7}}
+    view = await rt.inspect("d")
+    assert view.revision == 4 and view.nodes["c"].revision == 4
+
+
+async def test_a_cut_off_stream_is_continued_not_sealed(calls: Calls) -> None:
+    provider = ScriptedProvider([
+        turn(frame(0, node("a", 1)), call=0, stop_reason="max_tokens"),
+        turn(frame(1, node("a", 1), node("b", ref("a"), "a")), call=1)])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("m", streamed(provider))
+    assert (await rt.run("m")).output == {"a": {"value": 2}, "b": {"value": 3}}
+    feedback = json.loads(provider.calls[1].model_messages[-1].content)
+    assert feedback["diagnostics"][0]["code"] == "stream_cut_off"
+
+
+async def test_a_retransmission_does_not_count_against_max_frames(calls: Calls) -> None:
+    one = frame(0, node("a", 1))
+    provider = ScriptedProvider([turn(one, one)])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("r", streamed(provider, stream={"max_frames": 1}))
+    assert (await rt.run("r")).output == {"a": {"value": 2}}

@@ -230,7 +230,7 @@ async def plan_task(run: TaskRun, program: ExecutionGraphProgram) -> None:
                 base_revision=0, revision=1, plan_digest=plan_digest,
                 add=tuple(node_record(run.key, compiled, "", n, None) for n in compiled.order),
                 admission_id=admission_id(run.header.task_id, "planner:revision:1")))
-            run.proposed.append((1, compiled, ()))  # installed once revision 1 commits
+            run.proposed.append((1, compiled, (), ()))  # installed once revision 1 commits
             await run.submit(steps, blobs)
             return
         if not fetched.replayed:  # a replayed rejection's verdict is already journaled
@@ -253,11 +253,18 @@ def install_revisions(run: TaskRun) -> None:
     revision's nodes are the task's whatever happens to the planning job afterwards (a stop
     must see them to close them)."""
     while run.proposed and run.proposed[0][0] <= run.header.revision:
-        revision, compiled, tombstoned = run.proposed.pop(0)
+        revision, compiled, tombstoned, added = run.proposed.pop(0)
         if revision == 1 and not run.graph.root.members:
             run.graph.set_root(compiled)
         else:
             run.graph.revise_root(compiled, tombstoned)
+        for node_id in tombstoned:  # gone, or back below as a new incarnation
+            run.frontier.discard(node_id)
+            run.revising.discard(node_id)
+        for node_id in added:  # a new incarnation (maybe of a dropped id): nothing done yet
+            run.closed.discard(node_id)
+            run.done.discard(node_id)
+            run.outputs.pop(node_id, None)
         run.again = True
 
 

@@ -149,7 +149,8 @@ def _exhausted(run: TaskRun, config: PlannerConfig, state: _State) -> Exception:
         return PlanValidationError([Diagnostic(**d) for d in state.rejection],
                                    subject=subject, advice=EXHAUSTED_ADVICE)
     return IncompleteStreamError(
-        f"{subject} ended before its end every time; check the provider's streaming")
+        f"{subject} did not reach a sealed end: every stream was interrupted or cut off "
+        "(or its worker died); check the provider's streaming, or raise max_corrections")
 
 
 def _request(run: TaskRun, config: PlannerConfig, state: _State) -> ModelRequest:
@@ -225,6 +226,11 @@ async def _one_stream(run: TaskRun, program: ExecutionGraphProgram, config: Plan
 
 async def _seal(run: TaskRun, end: StreamEnd, estimate_in: int, reserve_out: int,
                 state: _State, call: int) -> None:
+    if end.stop_reason != "end":
+        # Cut off (max_tokens) or stopped for tool calls: what came may be partial.
+        raise _Rejected([Diagnostic(path="$", code="stream_cut_off", message=(
+            f"the stream stopped with stop_reason={end.stop_reason!r}; continue from the "
+            "current revision"))], judged=False)
     if run.header.revision == 0:
         raise _Rejected([Diagnostic(path="$", code="no_plan", message=(
             "the stream ended without a frame; send at least the frame with baseRevision 0"))],
@@ -285,17 +291,16 @@ class _Frames:
 async def _frame(run: TaskRun, program: ExecutionGraphProgram, config: PlannerConfig,
                  text: str, state: _State, call: int) -> None:
     """Judge one frame; commit it as the next revision or raise :class:`_Rejected`."""
-    state.frames += 1
-    if state.frames > config.stream.max_frames:
-        raise PlanValidationError([Diagnostic(path="$", code="too_many_frames", message=(
-            f"the planner sent more than max_frames={config.stream.max_frames} frames"))],
-            subject=f"task {run.key!r}: the planner's stream", advice=EXHAUSTED_ADVICE)
-    base, plan = _parse(text)
+    try:
+        base, plan = _parse(text)
+    except _Rejected:
+        _count_frame(config, state, run)
+        raise
     current = run.header.revision
     if current >= 1 and base == current - 1 and state.plan_digest is not None and \
             digest(plan) == state.plan_digest:
-        state.frames -= 1  # an identical retransmission of the revision just committed
-        return
+        return  # an identical retransmission of the revision just committed
+    _count_frame(config, state, run)
     if base != current:
         raise _Rejected([Diagnostic(path="$.baseRevision", code="base_revision_mismatch",
                                     message=f"the current revision is {current}; a frame "
@@ -323,13 +328,15 @@ async def _frame(run: TaskRun, program: ExecutionGraphProgram, config: PlannerCo
                        tombstone=tombstone,
                        admission_id=admission_id(run.header.task_id,
                                                  f"planner:revision:{current + 1}"))]
-    entry = (current + 1, compiled, tombstone)
+    entry = (current + 1, compiled, tombstone, add)
     run.proposed.append(entry)
     try:
         await run.submit(steps, {plan_digest: plan_text}, tombstone=tombstone, revision=True)
+    except asyncio.CancelledError:
+        raise  # the commit may have happened: the loop installs it if it did
     except BaseException as exc:
         with contextlib.suppress(ValueError):
-            run.proposed.remove(entry)
+            run.proposed.remove(entry)  # refused before the commit: never installed
         from agentium_graph.runtime._run import RevisionConflict
 
         if isinstance(exc, RevisionConflict):
@@ -339,6 +346,14 @@ async def _frame(run: TaskRun, program: ExecutionGraphProgram, config: PlannerCo
                             ) from None
         raise
     state.plan, state.plan_digest = plan, plan_digest
+
+
+def _count_frame(config: PlannerConfig, state: _State, run: TaskRun) -> None:
+    state.frames += 1
+    if state.frames > config.stream.max_frames:
+        raise PlanValidationError([Diagnostic(path="$", code="too_many_frames", message=(
+            f"the planner sent more than max_frames={config.stream.max_frames} frames"))],
+            subject=f"task {run.key!r}: the planner's stream", advice=EXHAUSTED_ADVICE)
 
 
 def _parse(text: str) -> tuple[int, dict[str, Any]]:
@@ -383,8 +398,8 @@ def _diff(run: TaskRun, compiled: CompiledPlan) -> tuple[tuple[str, ...], tuple[
                 node.args_digest == digest(spec.args, trusted=True):
             continue  # kept as it is
         rec = run.nodes.get(node_id)
-        if rec is None or rec.state != "pending" or node_id in run.running or \
-                node_id in run.closed:
+        if rec is None or rec.state != "pending" or rec.attempts or node_id in run.running \
+                or node_id in run.closed:
             started.append(node_id)
             continue
         tombstone.append(node_id)

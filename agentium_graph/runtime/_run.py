@@ -74,6 +74,7 @@ from agentium_graph.store._requests import (
     AppendJournal,
     Charge,
     CommitRequest,
+    CommitRevision,
     RecordAction,
     RenewLeaseRequest,
     SettleNode,
@@ -153,7 +154,10 @@ class TaskRun:
         self.planning: asyncio.Task[None] | None = None
         # Root plan revisions submitted by the planner, installed once committed:
         # (revision, compiled plan, nodes it tombstones).
-        self.proposed: list[tuple[int, CompiledPlan, tuple[str, ...]]] = []
+        # (revision, compiled plan, nodes it tombstones, nodes it adds).
+        self.proposed: list[tuple[int, CompiledPlan, tuple[str, ...], tuple[str, ...]]] = []
+        # Nodes a drained (not yet installed) revision tombstones: never started meanwhile.
+        self.revising: set[str] = set()
         # Set when ``state`` is what this runtime itself just created: the lease is then
         # taken by the first commit (one durable write instead of two), and ``fence`` is
         # only the expected one until that commit returns the real one.
@@ -317,15 +321,10 @@ class TaskRun:
             if sub.tombstone:
                 started = sorted(n for n in sub.tombstone if n in self.running or
                                  n in self.closed or self.nodes.get(n) is None or
-                                 self.nodes[n].state != "pending")
+                                 self.nodes[n].state != "pending" or self.nodes[n].attempts)
                 if started:
                     sub.future.set_exception(RevisionConflict(started))
                     continue
-                for node_id in sub.tombstone:  # waiting for a permit: withdrawn unstarted
-                    item = self.ready.pop(node_id, None)
-                    if item is not None:
-                        self.admission.withdraw(item.ticket, "revised")
-                    self.frontier.discard(node_id)
             charges: dict[str, int] = {}
             charge: Charge | None = None
             for step in sub.steps:
@@ -333,6 +332,10 @@ class TaskRun:
                     charge = step
                     for name, amount in step.charges.items():
                         charges[name] = charges.get(name, 0) + amount
+                elif isinstance(step, CommitRevision):  # what the store will charge for it
+                    charges["plan_revisions"] = charges.get("plan_revisions", 0) + 1
+                    charges["expanded_nodes"] = charges.get("expanded_nodes", 0) + \
+                        len(step.add)
             exhausted = self._exceeds(charges, pending)
             if exhausted is not None:
                 counter, used, limit = exhausted
@@ -345,6 +348,11 @@ class TaskRun:
                 continue
             for name, amount in charges.items():
                 pending[name] = pending.get(name, 0) + amount
+            for node_id in sub.tombstone:  # not started until the revision is installed
+                item = self.ready.pop(node_id, None)
+                if item is not None:
+                    self.admission.withdraw(item.ticket, "revised")
+                self.revising.add(node_id)
             steps.extend(sub.steps)
             blobs.update(sub.blobs)
             accepted.append(sub)
@@ -416,8 +424,10 @@ class TaskRun:
             in_scope[prefix] = in_scope.get(prefix, 0) + 1
         for node_id in sorted(self.frontier, key=self.graph.pos.__getitem__):
             node = self.graph.specs[node_id]
-            if node_id not in self.nodes:
-                continue  # materialized this turn; considered once its commit recorded it
+            if node_id not in self.nodes or node_id in self.revising:
+                # Materialized this turn (considered once its commit recorded it), or about
+                # to be replaced or dropped by a revision in this turn's commit.
+                continue
             if node_id in self.done or not self._is_ready(node):
                 self.frontier.discard(node_id)  # re-added when a dependency completes
                 continue

@@ -101,9 +101,11 @@ def begin_stop(run: TaskRun, stop: Stop) -> None:
     for item in run.ready.values():
         run.admission.withdraw(item.ticket, reason)
     run.ready.clear()
+    if run.planning is not None:
+        # Whatever stops the run stops planning too (a streamed plan would otherwise keep
+        # the run open, and ask again after a rejection); committed revisions stay.
+        run.planning.cancel()
     if reason in ("canceled", "deadline"):
-        if run.planning is not None:
-            run.planning.cancel()  # a model call: cancellable, nothing committed yet
         for running in run.running.values():
             running.ctx._cancel.set()
             if running.task is not None and _cancellable(run, running.node_id):

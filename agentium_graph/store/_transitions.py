@@ -226,14 +226,16 @@ class _Apply:
                     f"{self.node(dep).state!r}, not completed", node_id=node_id)
 
     # steps --------------------------------------------------------------------------
-    def add_nodes(self, new: Iterable[NodeRecord], admission_id: str) -> None:
+    def add_nodes(self, new: Iterable[NodeRecord], admission_id: str, *,
+                  replace_tombstoned: bool = False) -> None:
+        """``replace_tombstoned`` (plan revisions only): a new incarnation may take the id of
+        a tombstoned node; the journal's node_tombstoned entry keeps the one it replaced."""
         fresh = []
         for rec in new:
             existing = self.changed_nodes.get(rec.node_id) or self.nodes.get(rec.node_id)
-            if existing is not None and not (existing.state == "tombstoned" and
+            if existing is not None and not (replace_tombstoned and
+                                             existing.state == "tombstoned" and
                                              existing.incarnation_id != rec.incarnation_id):
-                # (A tombstoned node may be replaced by a new incarnation under its id: the
-                # journal's node_tombstoned entry keeps the one it replaced.)
                 if existing.incarnation_id != rec.incarnation_id:
                     raise InvalidTransitionError(
                         f"node {rec.node_id!r} already exists as another incarnation",
@@ -363,14 +365,15 @@ class _Apply:
         self.charge(step.admission_id + ":rev", {"plan_revisions": 1}, None)
         for node_id in step.tombstone:
             rec = self.node(node_id)
-            if rec.state != "pending":
+            if rec.state != "pending" or rec.attempts:
+                state = rec.state if rec.state != "pending" else "pending with attempts"
                 raise InvalidTransitionError(
-                    f"node {node_id!r} is {rec.state}; only unclaimed pending nodes may be "
-                    "replaced or removed", node_id=node_id)
+                    f"node {node_id!r} is {state}; only unclaimed pending nodes that never "
+                    "ran may be replaced or removed", node_id=node_id)
             self.put(rec.model_copy(update={"state": "tombstoned", "updated_at": self.req.now}))
             self.log("node_tombstoned", node_id, revision=step.revision,
                      incarnation_id=rec.incarnation_id)
-        self.add_nodes(step.add, step.admission_id)
+        self.add_nodes(step.add, step.admission_id, replace_tombstoned=True)
         self.revision = step.revision
         self.log("revision_committed", None, revision=step.revision,
                  plan_digest=step.plan_digest)

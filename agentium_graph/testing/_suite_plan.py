@@ -21,6 +21,7 @@ from agentium_graph.store._requests import (
     ClaimNode,
     CommitRevision,
     RecordAction,
+    ReopenNode,
     SetStatus,
     SettleNode,
     StartAttempt,
@@ -147,6 +148,11 @@ class PlanTests(SuiteBase):
         await commit(store, KEY, W1, fence, StartAttempt(node_id="n0", attempt_id="a"))
         await rejected(store, KEY, InvalidTransitionError, commit(
             store, KEY, W1, fence, _revision(2, add=("n0",), tombstone=("n0",))))
+        # Only a plan revision may give a tombstoned id a new incarnation.
+        await commit(store, KEY, W1, fence, _revision(2, tombstone=("n1",)))
+        await rejected(store, KEY, InvalidTransitionError, commit(
+            store, KEY, W1, fence, AddNodes(nodes=(node_record(KEY, "n1", revision=9),),
+                                            admission_id="sneak")))
 
     async def test_identical_revision_retransmission_is_idempotent(
             self, store: DurableTaskStore) -> None:
@@ -187,6 +193,19 @@ class PlanTests(SuiteBase):
             store, KEY, W1, fence, _revision(1, tombstone=("n1",))))
         await rejected(store, KEY, InvalidTransitionError, commit(
             store, KEY, W1, fence, _revision(1, tombstone=("n0", "n1"))))
+
+    async def test_a_node_that_ran_cannot_be_tombstoned_even_when_pending_again(
+            self, store: DurableTaskStore) -> None:
+        # An uncertain effect attested absent returns its node to pending, with its attempt
+        # (and action) history: it is not "unclaimed" and no revision may replace it.
+        fence = await self.leased(store, nodes=2, deps="none")
+        await commit(store, KEY, W1, fence, StartAttempt(node_id="n1", attempt_id="a"))
+        await commit(store, KEY, W1, fence, SettleNode(node_id="n1", state="uncertain"))
+        await commit(store, KEY, W1, fence, ReopenNode(node_id="n1", reason="absent"))
+        snapshot = await store.get_task(KEY)
+        assert snapshot is not None and snapshot.nodes["n1"].state == "pending"
+        await rejected(store, KEY, InvalidTransitionError, commit(
+            store, KEY, W1, fence, _revision(1, tombstone=("n1",))))
 
     async def test_revisions_never_exceed_their_limit(self, store: DurableTaskStore) -> None:
         fence = await self.leased(store, nodes=1, limits={"plan_revisions": 2})
