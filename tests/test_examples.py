@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
     ("examples/order_pipeline.py", "order ord-1042: partial_shipment"),
     ("examples/agent_research.py", "Water boils at 100 C and freezes at 0 C."),
     ("examples/planned_quote.py", "proposal 0: rejected: unknown_binding\nproposal 1: accepted"),
+    ("examples/streamed_plan.py", "revision 1 committed\n  price started\nrevision 2 committed"),
 ])
 def test_example_runs(script: str, expect: str, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, script], cwd=ROOT,
