@@ -25,6 +25,13 @@ APPLICATION = "agentium-graph-sqlite"
 APPLICATION_ID = 0x41475351  # "AGSQ", stored in the SQLite file header
 _MAGIC = b"SQLite format 3\x00"
 log = logging.getLogger("agentium_graph.sqlite")
+# The write connection's auto-checkpoint (pages), a backstop only: the store's background
+# checkpointer (_checkpoint.py) copies the WAL about every 1000 pages, off the commit path,
+# and the WAL then starts over at about the size SQLite's default (1000) keeps. This one runs
+# inside a COMMIT only when that has not happened for eight of those cycles (the thread is
+# slow, stuck or failing, or could not start), so the WAL file stays bounded at about 32 MiB
+# of 4 KiB pages. Per connection: nothing is stored in the file.
+WAL_BACKSTOP_PAGES = 8000
 
 # tasks: the small, hot header row; identities: the large pinned identity, written once,
 # kept apart so a header update never rewrites it. journal: one row per commit holding
@@ -238,3 +245,4 @@ def _configure(conn: sqlite3.Connection, settings: Settings) -> None:
                 details={"path": str(settings.path)})
     conn.execute(f"PRAGMA synchronous = {settings.synchronous}")
     conn.execute(f"PRAGMA busy_timeout = {int(settings.busy_timeout_s * 1000)}")
+    conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_BACKSTOP_PAGES}")

@@ -42,6 +42,7 @@ from agentium_graph.store._requests import (
     TimelineRequest,
 )
 from agentium_graph_sqlite import _ops
+from agentium_graph_sqlite._checkpoint import Checkpointer
 from agentium_graph_sqlite._errors import BusyError, busy_exhausted, mapped_errors
 from agentium_graph_sqlite._schema import Settings, open_database
 
@@ -172,8 +173,12 @@ class SQLiteDurableTaskStore:
     roll the transaction back and propagate unchanged; driver failures are only ever
     raised as ``StoreError`` subclasses, never as ``sqlite3`` exceptions. All sqlite3
     calls run on one dedicated worker thread per store that owns the connection; the
-    event loop never blocks on the database. :attr:`stats` counts durable commits and
-    bytes written. Close with ``await store.close()`` or use ``async with``.
+    event loop never blocks on the database. WAL checkpoints run on a second thread with
+    its own connection, started once the store has written about 1000 pages, so they stay
+    out of commits (see ``_checkpoint.py``); its failures are logged to
+    ``agentium_graph.sqlite``, never raised. :attr:`stats` counts durable commits and
+    bytes written. Close with ``await store.close()`` (which also ends the checkpointer)
+    or use ``async with``.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: Synchronous = "FULL",
@@ -209,6 +214,10 @@ class SQLiteDurableTaskStore:
         self._closed = False
         self._pid = os.getpid()
         self._inherited: list[tuple[_Worker, sqlite3.Connection | None]] = []
+        # The background WAL checkpointer (see _checkpoint.py): created by the worker thread
+        # at the first write and touched only there, like _conn.
+        self._checkpointer: Checkpointer | None = None
+        self._inherited_checkpointers: list[Checkpointer] = []
         self._stats = SQLiteStoreStats()
         # What the worker thread last wrote of each task (see _ops.Kept); worker thread only.
         self._kept = _ops.Kept()
@@ -250,6 +259,9 @@ class SQLiteDurableTaskStore:
                 # connections must not cross fork, so keep them untouched and start afresh.
                 self._inherited.append((self._executor, self._conn))
                 self._executor, self._conn = None, None
+                if self._checkpointer is not None:  # its thread is gone, its connection not ours
+                    self._inherited_checkpointers.append(self._checkpointer)
+                    self._checkpointer = None
                 self._kept = _ops.Kept()
             if self._executor is None:
                 self._executor = _Worker("agentium-sqlite")
@@ -309,7 +321,24 @@ class SQLiteDurableTaskStore:
             request: R) -> Callable[[sqlite3.Connection], _ops.Outcome[T]]:
         """A mutating operation bound to its request and this store's kept tasks."""
         # self._kept is read on the worker thread: a forked child replaces it first.
-        return lambda conn: fn(conn, request, self._kept)
+        def run(conn: sqlite3.Connection) -> _ops.Outcome[T]:
+            checkpointer = self._checkpointer
+            if checkpointer is not None and checkpointer.finish_due:
+                checkpointer.finish(conn)  # lets this transaction rewind the WAL
+            outcome = fn(conn, request, self._kept)
+            if outcome.wrote:
+                self._committed(outcome.bytes)
+            return outcome
+        return run
+
+    def _committed(self, payload_bytes: int) -> None:
+        """Worker thread, after a COMMIT: count it towards the next background checkpoint."""
+        checkpointer = self._checkpointer
+        if checkpointer is None:
+            if self._closed:
+                return
+            checkpointer = self._checkpointer = Checkpointer(self._settings)
+        checkpointer.committed(payload_bytes)
 
     async def _read(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
         result = await self._submit(op, fn)
@@ -386,6 +415,11 @@ class SQLiteDurableTaskStore:
             executor.stop()
 
     def _close_connection(self) -> None:
+        # The checkpointer first (it waits for a pass in progress), so the store's own
+        # connection stays the last one and its close checkpoints and removes the WAL as before.
+        checkpointer, self._checkpointer = self._checkpointer, None
+        if checkpointer is not None:
+            checkpointer.close()
         conn, self._conn = self._conn, None
         self._kept.clear()
         if conn is not None:
