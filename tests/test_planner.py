@@ -104,6 +104,18 @@ async def test_an_accepted_proposal_is_committed_as_revision_1_and_runs(calls: C
     assert kinds(events).index("planner_response") < kinds(events).index("node_added")
 
 
+async def test_the_first_planner_request_is_pinned(calls: Calls) -> None:
+    # Recorded responses replay by request digest: a change to the request's wording or
+    # layout would make every planned task stored by an earlier version ask again (and pay
+    # again). Change this digest only with a migration story for stored tasks.
+    provider = ScriptedProvider([turn(GOOD)])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("t", planned(provider), input={"start": 40})
+    await rt.run("t")
+    assert provider.calls[0].digest() == \
+        "sha256:acf1ba6b89e6d1ced7a5467dc2b7ec95d8a7d6305a22d9d7117fb7ca2518214d"
+
+
 async def test_a_rejected_proposal_is_corrected_with_its_diagnostics(calls: Calls) -> None:
     provider = ScriptedProvider([turn(UNKNOWN, 0), turn(GOOD, 1)])
     rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
