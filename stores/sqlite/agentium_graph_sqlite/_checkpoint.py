@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sqlite3
 import threading
 import weakref
@@ -68,6 +69,14 @@ PAGE_BYTES = 4096
 # a PASSIVE checkpoint itself never waits.
 BUSY_TIMEOUT_S = 0.05
 _BUSY_CODES = (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (primary result codes)
+# After this many failed passes in a row (other than a busy lock) the thread gives up and
+# SQLite's auto-checkpoint (the backstop) does the work: a persistent failure (a deleted or
+# replaced file, a broken disk) is logged once more, not at every signal.
+MAX_FAILURES = 5
+
+
+class _Replaced(Exception):
+    """The path no longer names the file the store opened (moved, deleted or replaced)."""
 
 
 def checkpoint(conn: sqlite3.Connection) -> tuple[int, int, int]:
@@ -93,10 +102,12 @@ class _Shared:
     """What the checkpointer thread sees: never the :class:`Checkpointer` itself, so a store
     dropped without ``close()`` is collected and its finalizer ends the thread."""
 
-    __slots__ = ("conn", "finish", "settings", "stopping", "wake")
+    __slots__ = ("conn", "failures", "file", "finish", "settings", "stopping", "wake")
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, file: tuple[int, int] | None) -> None:
         self.settings = settings
+        self.file = file  # (st_dev, st_ino) of the database the store opened
+        self.failures = 0  # failed passes in a row
         self.wake = threading.Event()
         self.stopping = False
         self.finish = False  # set by the thread after a complete pass, cleared by the worker
@@ -107,7 +118,20 @@ class _Shared:
         self.wake.set()
 
 
-def _connect(settings: Settings) -> sqlite3.Connection:
+def file_identity(settings: Settings) -> tuple[int, int] | None:
+    try:
+        st = os.stat(settings.path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _connect(shared: _Shared) -> sqlite3.Connection:
+    settings = shared.settings
+    # The connection opens the file by path, later than the store's: it must be the same
+    # file (opening a replacement would share the store's WAL index with another database).
+    if shared.file is None or file_identity(settings) != shared.file:
+        raise _Replaced(f"{settings.path} is no longer the database file the store opened")
     # mode=rw: never create the file (the store's own connection created and verified it).
     conn = sqlite3.connect(settings.path.as_uri() + "?mode=rw", uri=True,
                            timeout=min(BUSY_TIMEOUT_S, settings.busy_timeout_s),
@@ -115,6 +139,8 @@ def _connect(settings: Settings) -> sqlite3.Connection:
     try:
         # The checkpoint's fsyncs follow this connection's setting: keep the store's.
         conn.execute(f"PRAGMA synchronous = {settings.synchronous}")
+        if file_identity(settings) != shared.file:
+            raise _Replaced(f"{settings.path} was replaced while it was being opened")
     except BaseException:
         conn.close()
         raise
@@ -125,12 +151,24 @@ def _step(shared: _Shared) -> None:
     """One background pass; never raises (the next signal retries)."""
     try:
         if shared.conn is None:
-            shared.conn = _connect(shared.settings)
+            shared.conn = _connect(shared)
         busy, frames, done = checkpoint(shared.conn)
+    except _Replaced as exc:
+        log.warning("background WAL checkpoints of %s stop: %s; SQLite's auto-checkpoint "
+                    "goes on", shared.settings.path, exc)
+        shared.stopping = True
+        return
     except Exception as exc:
         if not _log_failure("WAL checkpoint", shared.settings, exc):
             _close(shared)  # reopen next time: the connection may be what failed
+            shared.failures += 1
+            if shared.failures >= MAX_FAILURES:
+                log.warning("background WAL checkpoints of %s stop after %d failures in a "
+                            "row; SQLite's auto-checkpoint goes on", shared.settings.path,
+                            shared.failures)
+                shared.stopping = True
         return
+    shared.failures = 0
     log.debug("WAL checkpoint of %s: busy=%d, %d frames in the WAL, %d in the database",
               shared.settings.path, busy, frames, done)
     # Only a pass that got everything up to its snapshot leaves a short tail to finish; with a
@@ -155,6 +193,8 @@ def _run(shared: _Shared) -> None:
             if shared.stopping:
                 return
             _step(shared)
+            if shared.stopping:
+                return
     finally:
         _close(shared)
 
@@ -170,7 +210,9 @@ class Checkpointer:
     """
 
     def __init__(self, settings: Settings) -> None:
-        self._shared = _Shared(settings)
+        # Created by the worker right after a commit on its open connection: the file at the
+        # path now is the one the store has open.
+        self._shared = _Shared(settings, file_identity(settings))
         self._pending = 0
         self._thread: threading.Thread | None = None
         weakref.finalize(self, self._shared.stop)

@@ -29,8 +29,10 @@ log = logging.getLogger("agentium_graph.sqlite")
 # checkpointer (_checkpoint.py) copies the WAL about every 1000 pages, off the commit path,
 # and the WAL then starts over at about the size SQLite's default (1000) keeps. This one runs
 # inside a COMMIT only when that has not happened for eight of those cycles (the thread is
-# slow, stuck or failing, or could not start), so the WAL file stays bounded at about 32 MiB
-# of 4 KiB pages. Per connection: nothing is stored in the file.
+# slow, stuck or failing, or could not start), so with one writing process the WAL file
+# stays bounded at about 32 MiB of 4 KiB pages (several writing processes, or a reader that
+# holds an old snapshot, can keep it growing, as with SQLite's default). Per connection:
+# nothing is stored in the file.
 WAL_BACKSTOP_PAGES = 8000
 
 # tasks: the small, hot header row; identities: the large pinned identity, written once,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import queue
 import sqlite3
@@ -45,6 +46,8 @@ from agentium_graph_sqlite import _ops
 from agentium_graph_sqlite._checkpoint import Checkpointer
 from agentium_graph_sqlite._errors import BusyError, busy_exhausted, mapped_errors
 from agentium_graph_sqlite._schema import Settings, open_database
+
+log = logging.getLogger("agentium_graph.sqlite")
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -332,13 +335,18 @@ class SQLiteDurableTaskStore:
         return run
 
     def _committed(self, payload_bytes: int) -> None:
-        """Worker thread, after a COMMIT: count it towards the next background checkpoint."""
-        checkpointer = self._checkpointer
-        if checkpointer is None:
-            if self._closed:
-                return
-            checkpointer = self._checkpointer = Checkpointer(self._settings)
-        checkpointer.committed(payload_bytes)
+        """Worker thread, after a COMMIT: count it towards the next background checkpoint.
+        Never raises: the commit is durable, whatever happens here."""
+        try:
+            checkpointer = self._checkpointer
+            if checkpointer is None:
+                if self._closed:
+                    return
+                checkpointer = self._checkpointer = Checkpointer(self._settings)
+            checkpointer.committed(payload_bytes)
+        except Exception:  # pragma: no cover - a bug here must not fail a durable commit
+            log.exception("WAL checkpoint bookkeeping of %s failed; commits are unaffected",
+                          self.path)
 
     async def _read(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
         result = await self._submit(op, fn)

@@ -141,6 +141,16 @@ async def test_a_failing_checkpoint_never_fails_a_commit(
 async def test_a_reader_holding_the_wal_blocks_no_commit(
         db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_checkpoint, "THRESHOLD_PAGES", 20)
+    passes: list[tuple[int, int, int]] = []
+    real = _checkpoint.checkpoint
+
+    def recorded(conn: sqlite3.Connection) -> tuple[int, int, int]:
+        result = real(conn)
+        if threading.current_thread().name == _checkpoint.THREAD_NAME:
+            passes.append(result)
+        return result
+
+    monkeypatch.setattr(_checkpoint, "checkpoint", recorded)
     async with SQLiteDurableTaskStore(db_path, synchronous="NORMAL") as store:
         await store.create_task(create_request("first"))
         reader = sqlite3.connect(db_path, isolation_level=None)
@@ -150,6 +160,11 @@ async def test_a_reader_holding_the_wal_blocks_no_commit(
             for i in range(300):  # no checkpoint can pass the reader's snapshot
                 await store.create_task(create_request(f"k{i:03d}"))
             assert _thread(store).is_alive()
+            await _until(lambda: bool(passes), "a background pass ran")
+            # Passive passes: none waited for the reader (busy), none got past its snapshot,
+            # and no commit met a lock.
+            assert all(busy == 0 and done < frames for busy, frames, done in passes), passes
+            assert store.stats.busy_retries == 0
             assert reader.execute("SELECT count(*) FROM tasks").fetchone() == (1,)
         finally:
             reader.close()
@@ -239,3 +254,61 @@ async def test_both_connections_keep_the_store_settings(
         await _until(lambda: "checkpointer synchronous" in seen, "the checkpointer connected")
     assert seen == {"writer autocheckpoint": WAL_BACKSTOP_PAGES,
                     "checkpointer synchronous": level}
+
+
+async def test_a_persistently_failing_checkpointer_gives_up_after_a_few_tries(
+        db_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="agentium_graph.sqlite")
+    monkeypatch.setattr(_checkpoint, "THRESHOLD_PAGES", 20)
+    raised, failing = _failing_in("background")
+    monkeypatch.setattr(_checkpoint, "checkpoint", failing)
+    async with SQLiteDurableTaskStore(db_path, synchronous="NORMAL") as store:
+        await _write_until_started(store, "a")
+        thread = _thread(store)
+        for i in range(2000):  # many more signals than tries
+            if not thread.is_alive():
+                break
+            await store.create_task(create_request(f"b{i:04d}"))
+            await asyncio.sleep(0)
+        await _until(lambda: not thread.is_alive(), "the checkpointer gave up")
+        assert len(raised) == _checkpoint.MAX_FAILURES
+        await store.create_task(create_request("after"))  # commits go on
+    warnings = [r.getMessage() for r in caplog.records if r.name == "agentium_graph.sqlite"]
+    assert len(warnings) == _checkpoint.MAX_FAILURES + 1
+    assert "stop after 5 failures in a row" in warnings[-1]
+    assert "after" in await _all_keys(db_path)
+
+
+async def test_the_checkpointer_never_opens_a_file_that_replaced_the_database(
+        db_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # The checkpointer's connection opens the path later than the store's: if the path now
+    # names another file (moved in by a restore, say), it must not open it.
+    caplog.set_level(logging.WARNING, logger="agentium_graph.sqlite")
+    monkeypatch.setattr(_checkpoint, "THRESHOLD_PAGES", 20)
+    connects: list[str] = []
+    real_connect = sqlite3.connect
+
+    def spy(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        if threading.current_thread().name == _checkpoint.THREAD_NAME:
+            connects.append(str(args[0]))
+        return real_connect(*args, **kwargs)
+
+    monkeypatch.setattr(_checkpoint.sqlite3, "connect", spy)
+    real_identity = _checkpoint.file_identity
+
+    def moved(settings: Settings) -> tuple[int, int] | None:
+        # What the store opened is the real file; the path seen later names another one.
+        if threading.current_thread().name == _checkpoint.THREAD_NAME:
+            return (-1, -1)
+        return real_identity(settings)
+
+    monkeypatch.setattr(_checkpoint, "file_identity", moved)
+    async with SQLiteDurableTaskStore(db_path, synchronous="NORMAL") as store:
+        await _write_until_started(store, "k")
+        thread = _thread(store)
+        await _until(lambda: not thread.is_alive(), "the checkpointer stopped")
+        await store.create_task(create_request("after"))
+    assert connects == []
+    warnings = [r.getMessage() for r in caplog.records if r.name == "agentium_graph.sqlite"]
+    assert len(warnings) == 1 and "no longer the database file" in warnings[0]
+    assert "after" in await _all_keys(db_path)
