@@ -320,7 +320,8 @@ def _planner(planner: PlannerView) -> Text:
         planner.state, "cyan")
     text = Text(planner.state, style=style)
     text.append(f": {planner.proposals} proposal(s), {planner.rejected} rejected "
-                f"(max corrections {planner.max_corrections}), {planner.mode} mode, provider "
+                f"(max corrections {planner.max_corrections}), {planner.calls} call(s), "
+                f"{planner.mode} mode, provider "
                 f"{provider.get('id', '?')}@{provider.get('version', '?')}")
     return text
 

@@ -9,11 +9,15 @@ from typing import Any
 import pytest
 
 from agentium_graph import (
+    Agent,
+    AgentBinding,
     BudgetExhaustedError,
+    Budgets,
     ExecutionGraphProgram,
     ExecutionGraphRuntime,
     GraphBinding,
     HostCatalog,
+    InMemoryDurableTaskStore,
     PlannerConfig,
     PlannerFailedError,
     PlanValidationError,
@@ -23,6 +27,8 @@ from agentium_graph import (
     ToolBinding,
 )
 from agentium_graph.providers import (
+    IncompleteStreamError,
+    ModelResponse,
     PartialStream,
     ProviderError,
     ScriptedProvider,
@@ -452,3 +458,149 @@ async def test_a_retransmission_does_not_count_against_max_frames(calls: Calls) 
     rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
     await rt.create("r", streamed(provider, stream={"max_frames": 1}))
     assert (await rt.run("r")).output == {"a": {"value": 2}}
+
+
+class SlowStore(InMemoryDurableTaskStore):
+    """A store whose commit yields to the event loop, as SQLite's thread and MongoDB do."""
+
+    async def commit(self, request: Any) -> Any:
+        await asyncio.sleep(0.01)
+        return await super().commit(request)
+
+
+async def test_planning_that_ends_during_a_commit_still_wakes_the_run(calls: Calls) -> None:
+    provider = ScriptedProvider([turn(frame(0, node("a", 1)))], chunks=1)
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls), store=SlowStore())
+    await rt.create("y", streamed(provider))
+    result = await asyncio.wait_for(rt.run("y"), 5)  # hung forever before the fix
+    assert result.output == {"a": {"value": 2}}
+
+
+async def test_a_task_with_a_rejected_frame_can_be_run_again_by_another_worker(
+        calls: Calls) -> None:
+    gate = Gate()
+    g = node("g", 1, binding="gate")
+    provider = ScriptedProvider([turn(frame(0, node("a", 1, binding="teleport")), call=0),
+                                 turn(frame(0, g), call=1)])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls, [gate.binding()]),
+                               lease_ttl=0.2, poll_interval=0.05)
+    await rt.create("k", streamed(provider))
+    dying = asyncio.create_task(rt.run("k", worker_id="w1"))
+    await wait_until(lambda: gate.started == 1 and provider.open_streams == 0)
+    dying.cancel()  # the worker dies with the stream sealed and g running
+    with pytest.raises(asyncio.CancelledError):
+        await dying
+    gate.open.set()
+    other = ExecutionGraphRuntime(catalog=make_catalog(calls, [gate.binding()]),
+                                  store=rt.store, programs=[streamed(provider)])
+    result = await other.run("k", worker_id="w2", wait=True)  # KeyError before the fix
+    assert result.output == {"g": {"value": 1}} and provider.call_count == 2
+
+
+async def test_usage_at_the_seal_is_capped_not_refused(calls: Calls) -> None:
+    # An agent's usage and the planner's seal land in one commit; together they are over
+    # the output-token budget. The seal's share is capped (the excess journaled), never
+    # refused: refusing it would leave the task unsealed for good.
+    returned = asyncio.Event()
+
+    class AgentModel:
+        id, version = "agent-model", "1"
+
+        async def complete(self, request: Any) -> ModelResponse:
+            returned.set()
+            return ModelResponse(text="done", usage=Usage(input_tokens=1, output_tokens=500),
+                                 stop_reason="end")
+
+        async def stream(self, request: Any) -> Any:
+            raise AssertionError("the agent does not stream")
+
+    class Planner:
+        id, version = "planner-model", "1"
+
+        async def complete(self, request: Any) -> Any:
+            raise AssertionError("stream mode never calls complete()")
+
+        async def stream(self, request: Any) -> Any:
+            yield TextDelta(text=frame(0, {"id": "ag", "binding": "ag", "version": "1",
+                                           "args": {}}))
+            await returned.wait()
+            yield StreamEnd(usage=Usage(input_tokens=1, output_tokens=700), stop_reason="end")
+
+    agent = AgentBinding(id="ag", version="1", input_schema={"type": "object"},
+                         agent=Agent(provider=AgentModel(), instructions="x",
+                                     max_output_tokens=100))
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls, [agent]), store=SlowStore())
+    await rt.create("s", streamed(Planner()),  # type: ignore[arg-type]
+                    budgets=Budgets(output_tokens=1000))
+    result = await asyncio.wait_for(rt.run("s"), 5)
+    assert result.status == "completed"
+    view = await rt.inspect("s")
+    assert view.counters["output_tokens"] == 1000  # up to the limit, never over it
+    assert view.planner is not None and view.planner.state == "planned"
+    over = [e.data.get("usage_over_limit") for e in await events(rt, "s")
+            if e.kind in ("planner_sealed", "model_response")]
+    assert any(over), over
+
+
+async def test_a_trickling_stream_cannot_hold_the_task_open(calls: Calls) -> None:
+    class Trickle:
+        id, version = "trickle", "1"
+
+        async def complete(self, request: Any) -> Any:
+            raise AssertionError("stream mode never calls complete()")
+
+        async def stream(self, request: Any) -> Any:
+            yield TextDelta(text=frame(0, node("a", 1)))
+            while True:  # keep-alive deltas, never another frame
+                await asyncio.sleep(0.01)
+                yield TextDelta(text="")
+
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("t", streamed(Trickle(), stream={"max_latency_ms": 200}))  # type: ignore
+    with pytest.raises(PlannerFailedError, match="max_latency_ms"):
+        await asyncio.wait_for(rt.run("t"), 10)
+    view = await rt.inspect("t")
+    assert view.status == "failed" and view.nodes["a"].state == "completed"
+
+
+async def test_streams_that_only_break_off_fail_as_a_provider_problem(calls: Calls) -> None:
+    broken = PartialStream(events=0, ending="eof")
+    provider = ScriptedProvider([
+        turn(frame(0, node("a", 1)), call=0, partial_stream_then_fail=broken),
+        turn(frame(0, node("a", 1)), call=1, partial_stream_then_fail=broken)], chunks=1)
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("e", streamed(provider, max_corrections=1))
+    with pytest.raises(PlannerFailedError) as failed:
+        await rt.run("e")
+    assert isinstance(failed.value.__cause__, IncompleteStreamError)
+    view = await rt.inspect("e")
+    assert view.planner is not None and view.planner.calls == 2
+    assert (view.planner.proposals, view.planner.rejected) == (0, 0)
+    assert [d.code for d in view.planner.last_diagnostics] == ["stream_incomplete"]
+    # Each continuation says which call it is: two are never the same request.
+    assert provider.calls[0].digest() != provider.calls[1].digest()
+
+
+async def test_a_recovered_continuation_feeds_back_the_latest_problem(calls: Calls) -> None:
+    # Call 0: a rejected frame; call 1: a stream that broke off; call 2 hangs and its
+    # worker dies. The next worker's continuation reports call 1's problem, not call 0's.
+    first = ScriptedProvider([
+        turn(frame(0, node("a", 1, binding="teleport")), call=0),
+        turn(frame(0, node("a", 1)), call=1,
+             partial_stream_then_fail=PartialStream(events=0, ending="eof")),
+        turn(frame(0, node("a", 1)), call=2,
+             partial_stream_then_fail=PartialStream(events=0, ending="hang"))], chunks=1)
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls), lease_ttl=0.2, poll_interval=0.05)
+    await rt.create("w", streamed(first, max_corrections=5))
+    dying = asyncio.create_task(rt.run("w", worker_id="w1"))
+    await wait_until(lambda: first.call_count == 3)
+    dying.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await dying
+    told = json.loads(first.calls[2].model_messages[-1].content)["diagnostics"]
+    second = ScriptedProvider([turn(frame(0, node("a", 1)), call=3)])
+    other = ExecutionGraphRuntime(catalog=make_catalog(calls), store=rt.store,
+                                  programs=[streamed(second, max_corrections=5)])
+    assert (await other.run("w", worker_id="w2", wait=True)).output == {"a": {"value": 2}}
+    recovered = json.loads(second.calls[0].model_messages[-1].content)["diagnostics"]
+    assert [d["code"] for d in told] == [d["code"] for d in recovered] == ["stream_incomplete"]

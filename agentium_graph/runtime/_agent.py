@@ -70,7 +70,8 @@ class AgentRecords:
             self.responses[("", str(data["request_digest"]))] = str(data["digest"])
             return
         if kind == PROPOSAL_KIND:
-            if not data.get("accepted"):
+            # (A streamed frame's verdict has no request digest: frames are never replayed.)
+            if not data.get("accepted") and "request_digest" in data:
                 self.verdicts[str(data["request_digest"])] = list(data.get("diagnostics", []))
             return
         if node_id is None:
@@ -246,7 +247,7 @@ async def _model_call(run: TaskRun, spec: NodeSpec, incarnation: str, agent: Any
         run, caller, request,
         lambda problem: AgentFailure(f"agent node {spec.id!r}: {problem}", node_id=spec.id))
     if not fetched.replayed:
-        await run.submit(fetched.steps, fetched.blobs)
+        await run.submit(fetched.steps, fetched.blobs, clamp=True)
         run.agent_records.responses[(spec.id, fetched.request_digest)] = \
             fetched.response_digest
     return fetched.response

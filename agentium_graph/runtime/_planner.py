@@ -63,6 +63,7 @@ if TYPE_CHECKING:
 MAX_FED_BACK = 50  # diagnostics returned to the model per rejected proposal
 CALL_KIND = "planner_call"      # a stream call, journaled with its charge before it is made
 SEALED_KIND = "planner_sealed"  # a stream ended with a committed plan: planning is over
+INTERRUPTED_KIND = "planner_interrupted"  # a stream broke off (not a judged frame)
 # What a host can do once the planner used every correction (the task itself has failed).
 EXHAUSTED_ADVICE = ("the planner used every correction; make the host instructions or the "
                     "catalog's descriptions clearer, or raise max_corrections, in a new "
@@ -235,13 +236,13 @@ async def plan_task(run: TaskRun, program: ExecutionGraphProgram) -> None:
                 add=tuple(node_record(run.key, compiled, "", n, None) for n in compiled.order),
                 admission_id=admission_id(run.header.task_id, "planner:revision:1")))
             run.proposed.append((1, compiled, (), ()))  # installed once revision 1 commits
-            await run.submit(steps, blobs)
+            await run.submit(steps, blobs, clamp=True)
             return
         if not fetched.replayed:  # a replayed rejection's verdict is already journaled
             verdict["diagnostics"] = [d.model_dump(exclude_none=True)
                                       for d in diags[:MAX_FED_BACK]]
             steps.append(AppendJournal(kind=PROPOSAL_KIND, data=verdict))
-            await run.submit(steps, blobs)
+            await run.submit(steps, blobs, clamp=True)
             run.agent_records.responses[("", fetched.request_digest)] = \
                 fetched.response_digest
         if proposal == config.max_corrections:
@@ -347,6 +348,14 @@ async def _committed_plan_digest(store: DurableTaskStore, header: TaskHeader) ->
         "no commit of that revision; the store was damaged, restore it from a backup")
 
 
+def _diagnostics(entry: JournalEntry, problems: list[str]) -> tuple[Diagnostic, ...]:
+    try:
+        return tuple(Diagnostic(**d) for d in entry.data.get("diagnostics", ()))
+    except (TypeError, ValueError):
+        problems.append(f"journal entry {entry.seq}: the planner verdict is unreadable")
+        return ()
+
+
 async def planner_view(store: DurableTaskStore, header: TaskHeader,
                        identity: TaskIdentity | None) -> tuple[PlannerView | None, list[str]]:
     """What the planner of a planned task did (None for a static plan), and the problems
@@ -359,9 +368,14 @@ async def planner_view(store: DurableTaskStore, header: TaskHeader,
     plan_digest: str | None = None
     last: tuple[Diagnostic, ...] = ()
     sealed = False
+    calls = 0
     async for entry in journal_entries(store, header):
         if entry.kind == SEALED_KIND:
             sealed = True
+        elif entry.kind in (CALL_KIND, PLANNER_KIND):
+            calls += 1  # a stream call (charged before it was made) / a complete answer
+        elif entry.kind == INTERRUPTED_KIND:
+            last = _diagnostics(entry, problems)
         if entry.kind != PROPOSAL_KIND:
             continue
         proposals += 1
@@ -369,10 +383,7 @@ async def planner_view(store: DurableTaskStore, header: TaskHeader,
             plan_digest = str(entry.data.get("plan_digest"))
             continue
         rejected += 1
-        try:
-            last = tuple(Diagnostic(**d) for d in entry.data.get("diagnostics", ()))
-        except (TypeError, ValueError):
-            problems.append(f"journal entry {entry.seq}: the planner verdict is unreadable")
+        last = _diagnostics(entry, problems)
     stream = pinned.get("mode") == "stream"
     state: PlannerState = "planned" if (sealed if stream else header.revision >= 1) else \
         "failed" if header.status == "failed" else \
@@ -381,6 +392,6 @@ async def planner_view(store: DurableTaskStore, header: TaskHeader,
     return PlannerView(
         mode=str(pinned.get("mode", "complete")),
         provider=dict(provider) if isinstance(provider, dict) else {},
-        state=state, proposals=proposals, rejected=rejected,
+        state=state, calls=calls, proposals=proposals, rejected=rejected,
         max_corrections=int(pinned.get("max_corrections", 0)), plan_digest=plan_digest,
         last_diagnostics=last), problems

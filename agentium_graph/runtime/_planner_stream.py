@@ -59,6 +59,7 @@ from agentium_graph.runtime._planner import (
     BINDING_RULES,
     CALL_KIND,
     EXHAUSTED_ADVICE,
+    INTERRUPTED_KIND,
     MAX_FED_BACK,
     SEALED_KIND,
     check_proposal,
@@ -91,7 +92,10 @@ class _State:
     calls: int = 0                      # provider calls charged (over the task's life)
     frames: int = 0                     # frames judged (accepted or rejected)
     sealed: bool = False
-    rejection: list[dict[str, Any]] = field(default_factory=list)  # latest, if last
+    # Why the last call did not seal (journaled): the diagnostics fed back, and whether a
+    # frame was judged (a rejected plan) or the stream itself broke off (an interruption).
+    problem: list[dict[str, Any]] = field(default_factory=list)
+    judged: bool = False
     plan: dict[str, Any] | None = None  # the committed plan of the current revision
     plan_digest: str | None = None
 
@@ -121,7 +125,11 @@ async def plan_stream(run: TaskRun, program: ExecutionGraphProgram) -> None:
                     "call": state.calls - 1, "frame": state.frames - 1,
                     "base_revision": run.header.revision, "accepted": False,
                     "diagnostics": fed})])
-            state.rejection = fed
+            else:
+                await run.submit([AppendJournal(kind=INTERRUPTED_KIND, data={
+                    "call": state.calls - 1, "base_revision": run.header.revision,
+                    "diagnostics": fed})])
+            state.problem, state.judged = fed, rejected.judged
 
 
 async def _load(run: TaskRun) -> _State:
@@ -133,8 +141,11 @@ async def _load(run: TaskRun) -> _State:
             state.sealed = True
         elif entry.kind == PROPOSAL_KIND:
             state.frames += 1
-            state.rejection = [] if entry.data.get("accepted") else \
-                list(entry.data.get("diagnostics", ()))
+            accepted = bool(entry.data.get("accepted"))
+            state.problem = [] if accepted else list(entry.data.get("diagnostics", ()))
+            state.judged = not accepted
+        elif entry.kind == INTERRUPTED_KIND:
+            state.problem, state.judged = list(entry.data.get("diagnostics", ())), False
     if run.header.revision >= 1 and not state.sealed:
         state.plan, state.plan_digest = await committed_plan(run.store, run.header)
     return state
@@ -143,12 +154,13 @@ async def _load(run: TaskRun) -> _State:
 def _exhausted(run: TaskRun, config: PlannerConfig, state: _State) -> Exception:
     subject = (f"task {run.key!r}: the planner's stream (1 + max_corrections="
                f"{config.max_corrections} calls)")
-    if state.rejection:
-        return PlanValidationError([Diagnostic(**d) for d in state.rejection],
+    if state.problem and state.judged:
+        return PlanValidationError([Diagnostic(**d) for d in state.problem],
                                    subject=subject, advice=EXHAUSTED_ADVICE)
+    why = "; ".join(d.get("message", "") for d in state.problem) or "its worker died"
     return IncompleteStreamError(
-        f"{subject} did not reach a sealed end: every stream was interrupted or cut off "
-        "(or its worker died); check the provider's streaming, or raise max_corrections")
+        f"{subject} did not reach a sealed end; the last call broke off ({why}); check the "
+        "provider's streaming, or raise max_corrections")
 
 
 def _request(run: TaskRun, config: PlannerConfig, state: _State) -> ModelRequest:
@@ -158,11 +170,16 @@ def _request(run: TaskRun, config: PlannerConfig, state: _State) -> ModelRequest
                                                     f"{STREAM_RULES}"),
                 ModelMessage(role="user", content=canonical_json(source_data(run)))]
     if state.calls:
-        started = {n: r.state for n, r in sorted(run.nodes.items())
-                   if r.state not in ("pending", "tombstoned")}
+        # The plan's own nodes that ran or run (not their nested children): a revision must
+        # keep them as they are. The call number keeps two continuations apart.
+        started = {}
+        for node_id in sorted(run.graph.root.members):
+            rec = run.nodes.get(node_id)
+            if rec is not None and (rec.state != "pending" or rec.attempts):
+                started[node_id] = rec.state
         messages.append(ModelMessage(role="user", content=canonical_json({
             "continue_from_revision": run.header.revision, "committed_plan": state.plan,
-            "started_nodes": started, "diagnostics": state.rejection})))
+            "started_nodes": started, "diagnostics": state.problem, "call": state.calls})))
     return ModelRequest(model_messages=tuple(messages),
                         max_output_tokens=config.max_output_tokens,
                         metadata={"planner": run.identity.program["id"], "call": state.calls,
@@ -189,10 +206,17 @@ async def _one_stream(run: TaskRun, program: ExecutionGraphProgram, config: Plan
         timeout = limits.max_latency_ms / 1000
         reader = _Frames(limits.max_frame_bytes, limits.max_total_bytes)
         stream = config.provider.stream(request)
+        clock = asyncio.get_running_loop().time
+        progress = clock()  # the stream's start, then each committed frame
         async with contextlib.aclosing(stream):
             while True:
+                # max_latency_ms bounds the wait for each event *and* for each next frame, so
+                # a stream that trickles (empty or tiny deltas) cannot hold the task open.
+                left = timeout - (clock() - progress)
+                if left <= 0:
+                    raise TimeoutError("no frame within the planner's max_latency_ms")
                 try:
-                    event = await asyncio.wait_for(anext(stream), timeout)
+                    event = await asyncio.wait_for(anext(stream), min(timeout, left))
                 except StopAsyncIteration:
                     raise _Rejected([Diagnostic(path="$", code="stream_incomplete", message=(
                         "the stream ended before its end; continue from the current "
@@ -203,6 +227,7 @@ async def _one_stream(run: TaskRun, program: ExecutionGraphProgram, config: Plan
                 if isinstance(event, TextDelta):
                     for text in reader.feed(event.text):
                         await _frame(run, program, config, text, state, call)
+                        progress = clock()
                 elif isinstance(event, ToolCallDelta):
                     raise _Rejected([Diagnostic(path="$", code="planner_tool_call", message=(
                         "the planner is tool-free: stream plan frames as text, not tool "
@@ -244,7 +269,7 @@ async def _seal(run: TaskRun, end: StreamEnd, estimate_in: int, reserve_out: int
     if charged:
         steps.append(Charge(admission_id=admission_id(f"{run.header.task_id}:planner",
                                                       f"usage:{call}"), charges=charged))
-    await run.submit(steps)
+    await run.submit(steps, clamp=True)
     state.sealed = True
 
 

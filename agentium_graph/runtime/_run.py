@@ -124,6 +124,7 @@ class _Submission:
     future: asyncio.Future[None]
     tombstone: tuple[str, ...] = ()  # nodes a plan revision removes: must still be unclaimed
     revision: bool = False           # a streamed plan revision: refused once the run stops
+    clamp: bool = False              # usage that already happened: charged up to the limits
 
 
 class RevisionConflict(Exception):
@@ -294,13 +295,18 @@ class TaskRun:
             await self._wait()
 
     async def submit(self, steps: list[Step], blobs: dict[str, str] | None = None, *,
-                     tombstone: tuple[str, ...] = (), revision: bool = False) -> None:
+                     tombstone: tuple[str, ...] = (), revision: bool = False,
+                     clamp: bool = False) -> None:
         """Commit ``steps`` from inside a running node, in the loop's next group commit.
 
         ``tombstone``: pending nodes the steps remove (a plan revision). The submission is
-        refused with :class:`RevisionConflict` if one of them was started meanwhile."""
+        refused with :class:`RevisionConflict` if one of them was started meanwhile.
+        ``clamp``: its charges are usage that already happened (a model's tokens beyond the
+        reservation): charged up to what the limits leave in this commit, the rest added to
+        the ``usage_over_limit`` of its journal entry, never refused."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.submissions.append(_Submission(steps, blobs or {}, future, tombstone, revision))
+        self.submissions.append(_Submission(steps, blobs or {}, future, tombstone, revision,
+                                            clamp))
         self.wake.set()
         await future
 
@@ -325,6 +331,8 @@ class TaskRun:
                 if started:
                     sub.future.set_exception(RevisionConflict(started))
                     continue
+            if sub.clamp:
+                sub.steps = self._clamped(sub.steps, pending)
             charges: dict[str, int] = {}
             charge: Charge | None = None
             for step in sub.steps:
@@ -552,6 +560,37 @@ class TaskRun:
             launch.append(item)
         return launch
 
+    def _clamped(self, steps: list[Step], pending: dict[str, int]) -> list[Step]:
+        """``steps`` with their Charge amounts cut to what the limits leave after ``pending``;
+        what was cut is added to ``usage_over_limit`` of the first journal entry with usage."""
+        over: dict[str, int] = {}
+        out: list[Step] = []
+        for step in steps:
+            if isinstance(step, Charge):
+                fitted: dict[str, int] = {}
+                for name, amount in step.charges.items():
+                    limit = self.header.limits.get(name)
+                    used = self.header.counters.get(name, 0) + pending.get(name, 0)
+                    room = amount if limit is None else max(0, min(amount, limit - used))
+                    if room:
+                        fitted[name] = room
+                    if room < amount:
+                        over[name] = over.get(name, 0) + amount - room
+                if fitted:
+                    out.append(step.model_copy(update={"charges": fitted}))
+            else:
+                out.append(step)
+        if over:
+            for i, step in enumerate(out):
+                if isinstance(step, AppendJournal) and "usage" in step.data:
+                    known = dict(step.data.get("usage_over_limit") or {})
+                    for name, amount in over.items():
+                        known[name] = known.get(name, 0) + amount
+                    out[i] = step.model_copy(update={"data": {**step.data,
+                                                              "usage_over_limit": known}})
+                    break
+        return out
+
     def _exceeds(self, charges: dict[str, int],
                  pending: dict[str, int]) -> tuple[str, int, int] | None:
         for name, amount in charges.items():
@@ -689,7 +728,10 @@ class TaskRun:
         return {n: self.outputs[n] for n in self.graph.root.members if n in self.outputs}
 
     async def _wait(self) -> None:
-        if self.finished or self.submissions or self.lost is not None or self.again:
+        if self.finished or self.submissions or self.lost is not None or self.again or (
+                self.planning is not None and self.planning.done()):
+            # (Planning that ended while the loop awaited a commit woke nobody: the wake-up
+            # was set before this turn and would be cleared below.)
             self.again = False
             return
         if any(item.free or item.ticket.granted for item in self.ready.values()):

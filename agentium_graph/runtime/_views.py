@@ -45,16 +45,20 @@ PlannerState = Literal["planning", "planned", "failed", "canceled"]
 class PlannerView(_View):
     """What a planned task's planner has done so far, read from the task's journal.
 
-    ``state``: ``planning`` until a plan is committed (also between runs), ``planned`` once
-    revision 1 is committed, ``failed`` / ``canceled`` when the task ended before that.
-    ``proposals``: planner answers judged so far (accepted or rejected); ``rejected`` of
-    them were sent back with diagnostics, up to ``max_corrections``. ``plan_digest``: the
-    committed plan's blob. ``last_diagnostics``: why the latest rejected answer was refused.
+    ``state``: ``planning`` until the plan is settled (also between runs), ``planned`` once
+    it is (complete mode: revision 1 committed; stream mode: the stream sealed),
+    ``failed`` / ``canceled`` when the task ended before that. ``calls``: provider calls
+    (stream mode: charged and made, or interrupted; complete mode: answers received).
+    ``proposals``: answers (complete) or frames (stream) judged so far, accepted or
+    rejected; ``rejected`` of them were sent back with diagnostics. ``plan_digest``: the
+    latest committed plan's blob. ``last_diagnostics``: why the latest rejected answer was
+    refused, or why the latest stream broke off.
     """
 
     mode: str
     provider: dict[str, Any]
     state: PlannerState
+    calls: int = 0
     proposals: int
     rejected: int
     max_corrections: int
