@@ -116,6 +116,22 @@ async def test_the_first_planner_request_is_pinned(calls: Calls) -> None:
         "sha256:acf1ba6b89e6d1ced7a5467dc2b7ec95d8a7d6305a22d9d7117fb7ca2518214d"
 
 
+async def test_the_committed_plan_is_found_from_the_header_or_the_journal(
+        calls: Calls) -> None:
+    from agentium_graph.runtime._planner import committed_plan
+
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("t", planned(ScriptedProvider([turn(GOOD)])), input={"start": 1})
+    await rt.run("t")
+    header = await rt.store.get_header("t")
+    assert header is not None and header.plan_digest is not None
+    found = await committed_plan(rt.store, header)
+    # A header written before headers carried the digest: the journal says which plan.
+    assert await committed_plan(rt.store, header.model_copy(update={"plan_digest": None})) \
+        == found
+    assert found[0] == GOOD and found[1] == header.plan_digest
+
+
 async def test_a_rejected_proposal_is_corrected_with_its_diagnostics(calls: Calls) -> None:
     provider = ScriptedProvider([turn(UNKNOWN, 0), turn(GOOD, 1)])
     rt = ExecutionGraphRuntime(catalog=make_catalog(calls))

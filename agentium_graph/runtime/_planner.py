@@ -338,7 +338,10 @@ async def journal_entries(store: DurableTaskStore, header: TaskHeader
 
 
 async def _committed_plan_digest(store: DurableTaskStore, header: TaskHeader) -> str:
-    """The plan blob digest of the task's current revision, from its journal."""
+    """The plan blob digest of the task's current revision: in its header, or (a header
+    written before headers carried it) from the journal's ``revision_committed`` entry."""
+    if header.plan_digest is not None:
+        return header.plan_digest
     async for entry in journal_entries(store, header):
         if entry.kind == "revision_committed" and \
                 entry.data.get("revision") == header.revision:

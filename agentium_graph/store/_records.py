@@ -107,6 +107,9 @@ class TaskHeader(_Record):
     revision: int = 1
     journal_seq: int = 0
     error: ErrorInfo | None = None
+    # The plan blob of the current revision when a CommitRevision set it (planned tasks);
+    # None for a static plan, and in headers written before this field existed.
+    plan_digest: str | None = None
 
 
 class TaskIdentity(_Record):

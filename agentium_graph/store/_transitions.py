@@ -165,6 +165,7 @@ class _Apply:
         self.status = header.status
         self.error = header.error
         self.revision = header.revision
+        self.plan_digest = header.plan_digest
         self.lease: LeaseRecord | None = header.lease
         self.changed_nodes: dict[str, NodeRecord] = {}
         self.changed_actions: dict[str, ActionRecord] = {}
@@ -375,6 +376,7 @@ class _Apply:
                      incarnation_id=rec.incarnation_id)
         self.add_nodes(step.add, step.admission_id, replace_tombstoned=True)
         self.revision = step.revision
+        self.plan_digest = step.plan_digest
         self.log("revision_committed", None, revision=step.revision,
                  plan_digest=step.plan_digest)
 
@@ -383,6 +385,8 @@ class _Apply:
         rev_admission = step.admission_id + ":rev"
         if rev_admission not in self.charged and rev_admission not in self.new_charges:
             return False
+        if self.plan_digest is not None and step.plan_digest != self.plan_digest:
+            return False  # the same delta, but another plan
         for rec in step.add:
             existing = self.changed_nodes.get(rec.node_id) or self.nodes.get(rec.node_id)
             if existing is None or existing.incarnation_id != rec.incarnation_id:
@@ -425,7 +429,8 @@ class _Apply:
             "seq": self.header.seq + 1,
             "journal_seq": self.header.journal_seq + len(self.journal),
             "counters": self.counters, "status": self.status, "error": self.error,
-            "revision": self.revision, "lease": self.lease, "updated_at": self.req.now})
+            "revision": self.revision, "plan_digest": self.plan_digest, "lease": self.lease,
+            "updated_at": self.req.now})
         return Delta(header=header, nodes=self.changed_nodes, actions=self.changed_actions,
                      charges=self.new_charges, already_charged=self.already,
                      journal=self.journal)

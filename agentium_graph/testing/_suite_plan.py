@@ -158,7 +158,8 @@ class PlanTests(SuiteBase):
             self, store: DurableTaskStore) -> None:
         fence = await self.leased(store, nodes=3)
         step = _revision(1, add=("n3",), tombstone=("n2",))
-        await commit(store, KEY, W1, fence, step)
+        result = await commit(store, KEY, W1, fence, step)
+        assert result.header.plan_digest == step.plan_digest  # the revision's plan, kept
         before = await capture(store, KEY)
         await commit(store, KEY, W1, fence, step, now=LATER)
         after = await capture(store, KEY)
@@ -166,6 +167,10 @@ class PlanTests(SuiteBase):
         assert after.snapshot.nodes == before.snapshot.nodes
         assert after.snapshot.header.revision == 2
         assert after.snapshot.header.counters == before.snapshot.header.counters
+        assert after.snapshot.header.plan_digest == step.plan_digest
+        # The same delta under the same admission, but another plan: not a retransmission.
+        other = step.model_copy(update={"plan_digest": digest({"another": "plan"})})
+        await rejected(store, KEY, InvalidTransitionError, commit(store, KEY, W1, fence, other))
 
     async def test_a_different_revision_on_a_stale_base_is_rejected(
             self, store: DurableTaskStore) -> None:
