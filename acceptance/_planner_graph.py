@@ -33,22 +33,30 @@ def script(variant: str) -> list[ScriptedTurn]:
 PREFIX = ("a", "b")  # what the streamed planner's first frame plans
 
 
-def stream_script() -> list[ScriptedTurn]:
-    """Stream mode: the first call sends a frame with the prefix a -> b, then hangs (the
-    worker is killed while a and b run); the continuation sends the whole graph."""
+def stream_script(rejected_first: bool = False) -> list[ScriptedTurn]:
+    """Stream mode: a call sends a frame with the prefix a -> b, then hangs (the worker is
+    killed while a and b run); the continuation sends the whole graph. With
+    ``rejected_first`` a call with a frame that names an unknown binding comes before."""
     usage = Usage(input_tokens=300, output_tokens=60)
     whole = plan()
     prefix = {**whole, "nodes": [n for n in whole["nodes"] if n["id"] in PREFIX]}
     first = json.dumps({"baseRevision": 0, "plan": prefix}) + "\n"
     rest = json.dumps({"baseRevision": 1, "plan": {**whole, "revision": 2}}) + "\n"
-    return [ScriptedTurn(text=first, usage=usage, match=TurnMatch(metadata={"call": 0}),
+    turns: list[ScriptedTurn] = []
+    if rejected_first:
+        turns.append(ScriptedTurn(text=json.dumps({"baseRevision": 0, "plan": WRONG}) + "\n",
+                                  usage=usage, match=TurnMatch(metadata={"call": 0})))
+    call = len(turns)
+    return [*turns,
+            ScriptedTurn(text=first, usage=usage, match=TurnMatch(metadata={"call": call}),
                          partial_stream_then_fail=PartialStream(events=1, ending="hang")),
-            ScriptedTurn(text=rest, usage=usage, match=TurnMatch(metadata={"call": 1}))]
+            ScriptedTurn(text=rest, usage=usage, match=TurnMatch(metadata={"call": call + 1}))]
 
 
 def program(config: dict[str, Any]) -> ExecutionGraphProgram:
-    stream = config.get("script") == "stream"
-    turns = stream_script() if stream else script(config.get("script", "normal"))
+    stream = str(config.get("script", "")).startswith("stream")
+    turns = stream_script(config.get("script") == "stream-rejected") if stream else \
+        script(config.get("script", "normal"))
     provider = ScriptedProvider(turns, call_log_path=config["provider_log"], chunks=1)
     return ExecutionGraphProgram(id="planned", version="1", planner=PlannerConfig(
         provider=provider, host_instructions="Plan the acceptance pipeline.",

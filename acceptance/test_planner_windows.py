@@ -10,6 +10,8 @@ import signal
 import time
 from typing import Any
 
+import pytest
+
 from acceptance._graph import EXPECTED
 from acceptance._planner_graph import PREFIX
 from acceptance.conftest import Case, snapshot
@@ -85,11 +87,13 @@ async def test_kill_inside_a_planner_call(case: Case, store_of: DurableTaskStore
     assert after.header.counters["model_calls"] == 3  # the interrupted call stays charged
 
 
+@pytest.mark.parametrize("script", ["stream", "stream-rejected"])
 async def test_kill_while_a_streamed_plan_is_still_arriving(
-        case: Case, store_of: DurableTaskStore) -> None:
-    # Stream mode: the first frame (a -> b) is committed and runs while the stream hangs;
-    # the worker is killed there. A fresh process continues from revision 1.
-    proc = case.start(**planner_config(case, create=True, script="stream"))
+        case: Case, store_of: DurableTaskStore, script: str) -> None:
+    # Stream mode: the frame a -> b is committed and runs while the stream hangs; the worker
+    # is killed there. A fresh process continues from revision 1. (With "stream-rejected" a
+    # call whose frame was rejected comes first: recovery reads its verdict too.)
+    proc = case.start(**planner_config(case, create=True, script=script))
     deadline = time.monotonic() + 30
     while True:
         assert time.monotonic() < deadline and proc.poll() is None
@@ -102,10 +106,11 @@ async def test_kill_while_a_streamed_plan_is_still_arriving(
     proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGKILL
     before = await snapshot(store_of, case.key)
+    calls_before = 2 if script == "stream-rejected" else 1
     assert before.header.revision == 1 and set(before.nodes) == set(PREFIX)
-    assert before.header.counters["model_calls"] == 1
+    assert before.header.counters["model_calls"] == calls_before
 
-    code, out, err = case.run(**planner_config(case, script="stream"))
+    code, out, err = case.run(**planner_config(case, script=script))
     assert code == 0 and out is not None and out["ok"], (out, err)
     assert {n: v["value"] for n, v in out["output"].items()} == EXPECTED
     after = await snapshot(store_of, case.key)
@@ -115,6 +120,7 @@ async def test_kill_while_a_streamed_plan_is_still_arriving(
     for name, value in before.header.counters.items():
         assert after.header.counters[name] >= value, f"{name} refunded"
     # The interrupted stream is not asked again: one continuation from revision 1.
-    assert sorted(case.provider_calls().values()) == [1, 1]
-    assert after.header.counters["model_calls"] == 2
-    assert await verdicts(store_of, case.key) == [True, True]
+    assert sorted(case.provider_calls().values()) == [1] * (calls_before + 1)
+    assert after.header.counters["model_calls"] == calls_before + 1
+    assert await verdicts(store_of, case.key) == \
+        ([False] if script == "stream-rejected" else []) + [True, True]
