@@ -18,6 +18,7 @@ from agentium_graph import (
     ExecutionGraphRuntime,
     GraphBinding,
     HostCatalog,
+    InMemoryDurableTaskStore,
     PlannerConfig,
     PlannerFailedError,
     PlanValidationError,
@@ -130,6 +131,36 @@ async def test_the_committed_plan_is_found_from_the_header_or_the_journal(
     assert await committed_plan(rt.store, header.model_copy(update={"plan_digest": None})) \
         == found
     assert found[0] == GOOD and found[1] == header.plan_digest
+
+
+async def test_inspect_reads_the_journal_only_up_to_the_plan(
+        calls: Calls, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every planning entry precedes the commit of revision 1: inspecting a planned task
+    # that ran for long reads that far, not its whole journal.
+    from agentium_graph.runtime import _planner
+
+    monkeypatch.setattr(_planner, "JOURNAL_PAGE", 20)
+    pages: list[int] = []
+
+    class PageCounting(InMemoryDurableTaskStore):
+        async def read_timeline(self, request: Any) -> Any:
+            pages.append(request.after_seq)
+            return await super().read_timeline(request)
+
+    wide = {"schemaVersion": 1, "revision": 1, "nodes": [
+        {"id": f"n{i}", "binding": "inc", "version": "1", "args": {"x": i}}
+        for i in range(30)]}
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls), store=PageCounting())
+    created = await rt.create("w", planned(ScriptedProvider([turn(wide)])))
+    assert pages == [] and created.planner is not None  # just created: nothing to read
+    await rt.run("w")
+    header = await rt.store.get_header("w")
+    assert header is not None and header.journal_seq > 100  # at least five pages
+    pages.clear()
+    view = await rt.inspect("w")
+    assert view.planner is not None and view.planner.proposals == 1
+    assert view.planner.state == "planned" and view.planner.calls == 1
+    assert len(pages) == 2  # revision 1's commit (30 nodes added) ends on the second page
 
 
 async def test_a_rejected_proposal_is_corrected_with_its_diagnostics(calls: Calls) -> None:

@@ -64,6 +64,7 @@ MAX_FED_BACK = 50  # diagnostics returned to the model per rejected proposal
 CALL_KIND = "planner_call"      # a stream call, journaled with its charge before it is made
 SEALED_KIND = "planner_sealed"  # a stream ended with a committed plan: planning is over
 INTERRUPTED_KIND = "planner_interrupted"  # a stream broke off (not a judged frame)
+JOURNAL_PAGE = 1000  # journal entries per read when planning state is read back
 # What a host can do once the planner used every correction (the task itself has failed).
 EXHAUSTED_ADVICE = ("the planner used every correction; make the host instructions or the "
                     "catalog's descriptions clearer, or raise max_corrections, in a new "
@@ -329,7 +330,7 @@ async def journal_entries(store: DurableTaskStore, header: TaskHeader
     after = 0
     while after < header.journal_seq:
         page = await store.read_timeline(TimelineRequest(key=header.key, after_seq=after,
-                                                         limit=1000))
+                                                         limit=JOURNAL_PAGE))
         if not page:
             return
         for entry in page:
@@ -349,6 +350,11 @@ async def _committed_plan_digest(store: DurableTaskStore, header: TaskHeader) ->
     raise DataIntegrityError(
         f"task {header.key!r} is at plan revision {header.revision}, but its journal has "
         "no commit of that revision; the store was damaged, restore it from a backup")
+
+
+async def _nothing() -> AsyncIterator[JournalEntry]:
+    return
+    yield  # an empty async generator
 
 
 def _diagnostics(entry: JournalEntry, problems: list[str]) -> tuple[Diagnostic, ...]:
@@ -372,10 +378,18 @@ async def planner_view(store: DurableTaskStore, header: TaskHeader,
     last: tuple[Diagnostic, ...] = ()
     sealed = False
     calls = 0
-    async for entry in journal_entries(store, header):
+    stream = pinned.get("mode") == "stream"
+    # Nothing to read for a task just created; and planning entries all come before the
+    # commit of revision 1 (complete mode) or the seal (stream mode): reading stops there,
+    # so inspecting a long-running planned task does not read its whole journal.
+    entries = journal_entries(store, header) if header.journal_seq > 1 else _nothing()
+    async for entry in entries:
         if entry.kind == SEALED_KIND:
             sealed = True
-        elif entry.kind in (CALL_KIND, PLANNER_KIND):
+            break
+        if not stream and entry.kind == "revision_committed":
+            break
+        if entry.kind in (CALL_KIND, PLANNER_KIND):
             calls += 1  # a stream call (charged before it was made) / a complete answer
         elif entry.kind == INTERRUPTED_KIND:
             last = _diagnostics(entry, problems)
@@ -387,7 +401,6 @@ async def planner_view(store: DurableTaskStore, header: TaskHeader,
             continue
         rejected += 1
         last = _diagnostics(entry, problems)
-    stream = pinned.get("mode") == "stream"
     state: PlannerState = "planned" if (sealed if stream else header.revision >= 1) else \
         "failed" if header.status == "failed" else \
         "canceled" if header.status == "canceled" else "planning"

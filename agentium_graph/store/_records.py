@@ -9,7 +9,7 @@ append-only **journal**, and content-addressed **blobs** (outputs, plans, identi
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -146,3 +146,13 @@ class TaskSnapshot(_Record):
     header: TaskHeader
     nodes: dict[str, NodeRecord]
     actions: dict[str, ActionRecord]
+
+
+_NO_PLAN_DIGEST: Final[set[str]] = {"plan_digest"}
+
+
+def stored_header_json(header: TaskHeader) -> str:
+    """The JSON a store writes for ``header``. ``plan_digest`` is left out while it is None
+    (static plans), so versions that predate the field can still read those headers."""
+    return header.model_dump_json(exclude=_NO_PLAN_DIGEST if header.plan_digest is None
+                                  else None)

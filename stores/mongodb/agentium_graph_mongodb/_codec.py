@@ -58,6 +58,8 @@ def decode_key(field: str) -> str:
 def header_doc(header: TaskHeader) -> dict[str, Any]:
     """The stored form of a header: JSON-mode fields, encoded map keys, error as text."""
     doc = header.model_dump(mode="json")
+    if doc.get("plan_digest") is None:  # static plans: readable by versions before the field
+        doc.pop("plan_digest", None)
     doc["counters"] = {encode_key(k): v for k, v in header.counters.items()}
     doc["limits"] = {encode_key(k): v for k, v in header.limits.items()}
     doc["error"] = None if header.error is None else header.error.model_dump_json()

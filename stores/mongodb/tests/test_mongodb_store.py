@@ -391,3 +391,18 @@ async def test_a_cancellation_swallowed_by_the_driver_is_delivered(
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
+
+
+def test_static_plan_headers_stay_readable_by_versions_before_plan_digest() -> None:
+    # Headers gained plan_digest (set by plan revisions); a static task's stored header
+    # leaves it out, so the previous version (whose header model forbids unknown fields)
+    # can still read what this version wrote.
+    from agentium_graph_mongodb._codec import header_doc, header_from_doc
+
+    header = create_request("static").header
+    assert header.plan_digest is None
+    doc = header_doc(header)
+    assert "plan_digest" not in doc
+    assert header_from_doc(doc, "test") == header
+    planned = header.model_copy(update={"plan_digest": "sha256:" + "2" * 64})
+    assert header_from_doc(header_doc(planned), "test").plan_digest == planned.plan_digest

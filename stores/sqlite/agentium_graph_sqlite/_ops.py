@@ -34,6 +34,7 @@ from agentium_graph.store._records import (
     TaskHeader,
     TaskIdentity,
     TaskSnapshot,
+    stored_header_json,
 )
 from agentium_graph.store._requests import (
     AcquireLeaseRequest,
@@ -104,7 +105,7 @@ class Writer:
 
     def header(self, header: TaskHeader, previous: TaskHeader) -> str:
         """Write ``header`` (the task's row exists); returns the row's new text."""
-        text = header.model_dump_json()
+        text = stored_header_json(header)
         self.bytes += len(text) if text.isascii() else len(text.encode())
         # Naming status in SET rewrites its index entry even when unchanged: a page per commit.
         if header.status == previous.status:
@@ -310,7 +311,7 @@ def create_task(conn: sqlite3.Connection, request: CreateTaskRequest,
             return CreateTaskResult(created=False, header=existing), False
         entry = creation_entry(request)
         w.blobs(request.blobs)
-        header_text = request.header.model_dump_json()
+        header_text = stored_header_json(request.header)
         w.many("INSERT INTO tasks (key, status, header) VALUES (?, ?, ?)",
                [(key, request.header.status, header_text)])
         w.many("INSERT INTO identities (key, identity) VALUES (?, ?)",

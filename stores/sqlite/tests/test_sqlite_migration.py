@@ -103,3 +103,35 @@ async def test_a_failed_migration_leaves_the_version_1_file_as_it_was(tmp_path: 
     finally:
         conn.close()
     assert version == ("1",) and rows == [(1,)]  # rolled back as one transaction
+
+
+async def test_static_plan_headers_stay_readable_by_versions_before_plan_digest(
+        tmp_path: Path) -> None:
+    # Headers gained plan_digest (set by plan revisions). A static task's header row leaves
+    # it out, so a worker of the previous version (whose header model forbids unknown
+    # fields) can still read tasks this version wrote: rolling back stays possible.
+    from pydantic import ConfigDict, create_model
+
+    from agentium_graph.store import CommitRevision, TaskHeader
+
+    old_header = create_model(  # the previous version's header: no plan_digest, no extras
+        "OldHeader", __config__=ConfigDict(frozen=True, extra="forbid"),
+        **{n: (f.annotation, f) for n, f in TaskHeader.model_fields.items()
+           if n != "plan_digest"})
+
+    path = tmp_path / "tasks.db"
+    async with SQLiteDurableTaskStore(path) as store:
+        await store.create_task(create_request("static"))
+        grant = await store.acquire_lease(acquire_request("static"))
+        await store.commit(commit_request("static", grant.fence, [ClaimNode(node_id="a")]))
+        await store.create_task(create_request("planned"))
+        grant = await store.acquire_lease(acquire_request("planned"))
+        await store.commit(commit_request("planned", grant.fence, [CommitRevision(
+            base_revision=1, revision=2, plan_digest="sha256:" + "1" * 64,
+            admission_id="rev-2")]))
+    conn = sqlite3.connect(path)
+    rows = dict(conn.execute("SELECT key, header FROM tasks").fetchall())
+    conn.close()
+    assert "plan_digest" not in rows["static"]
+    old_header.model_validate_json(rows["static"])  # what the previous version does
+    assert TaskHeader.model_validate_json(rows["planned"]).plan_digest == "sha256:" + "1" * 64
