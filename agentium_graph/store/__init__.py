@@ -14,6 +14,7 @@ from agentium_graph.store._records import (
     TaskHeader,
     TaskIdentity,
     TaskSnapshot,
+    stored_header_json,
 )
 from agentium_graph.store._requests import (
     AcquireLeaseRequest,
@@ -73,5 +74,5 @@ __all__ = [
     "StartAttempt", "Step", "StoreCapabilities", "TaskHeader", "TaskIdentity",
     "TaskSnapshot", "TimelineRequest", "acquire_lease", "acquire_with_steps", "apply_commit",
     "check_fence", "creation_entry", "identity_conflict", "lease_expiry", "needs",
-    "release_lease", "renew_lease", "request_cancel",
+    "release_lease", "renew_lease", "request_cancel", "stored_header_json",
 ]
