@@ -40,7 +40,8 @@ from agentium_graph.errors import (
     StoreError,
     TaskNotFoundError,
 )
-from agentium_graph.runtime._runtime import ExecutionGraphRuntime, TimelinePage, build_view
+from agentium_graph.runtime._inspect import build_view
+from agentium_graph.runtime._runtime import ExecutionGraphRuntime, TimelinePage
 from agentium_graph.runtime._views import NodeView, PlannerView, TaskView
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import (

@@ -319,6 +319,56 @@ async def test_run_wait_true_waits_for_the_lease(calls: Calls) -> None:
     assert result.status == "completed"
 
 
+@pytest.mark.parametrize("ending", ["completed", "canceled"])
+async def test_run_wait_true_answers_for_a_task_another_worker_ended(
+        calls: Calls, ending: str) -> None:
+    # w2 waits for w1's lease; w1 ends the task meanwhile. w2 gets what a run on an ended
+    # task gets: the retained result, or the task's error.
+    gate = asyncio.Event()
+    running: list[int] = []
+
+    async def slow(args: dict[str, Any]) -> dict[str, Any]:
+        running.append(1)
+        await gate.wait()
+        return {"value": 7}
+
+    catalog = make_catalog(calls, [ToolBinding(
+        id="slow", version="1", execute=slow, recovery="pure",
+        input_schema={"type": "object"}, output_schema={"type": "object"})])
+    rt = ExecutionGraphRuntime(catalog=catalog, poll_interval=0.02)
+    await rt.create("e", program({"schemaVersion": 1, "revision": 1, "nodes": [
+        {"id": "s", "binding": "slow", "version": "1", "args": {}}]}))
+    first = asyncio.create_task(rt.run("e", "w1"))
+    await wait_until(lambda: bool(running))
+    other = ExecutionGraphRuntime(catalog=catalog, store=rt.store, poll_interval=0.02)
+    waiting = asyncio.create_task(other.run("e", "w2", wait=True))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    if ending == "completed":
+        gate.set()
+        assert (await first).output == {"s": {"value": 7}}
+        result = await asyncio.wait_for(waiting, 5)
+        assert result.status == "completed" and result.output == {"s": {"value": 7}}
+    else:
+        await rt.cancel("e", reason="stop")
+        with pytest.raises(TaskCanceledError):
+            await first
+        with pytest.raises(TaskCanceledError):
+            await asyncio.wait_for(waiting, 5)
+
+
+async def test_a_deadline_ends_a_wait_for_the_lease(calls: Calls) -> None:
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls), poll_interval=0.05)
+    await rt.create("d", program(chain_plan(1)), deadline=timedelta(seconds=0.3))
+    await rt.store.acquire_lease(AcquireLeaseRequest(  # a dead worker's 30 s lease
+        key="d", worker_id="gone", ttl_seconds=30, now=datetime.now(UTC)))
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(DeadlineExceededError, match="waiting for worker 'gone'"):
+        await asyncio.wait_for(rt.run("d", "w2", wait=True), 10)
+    assert asyncio.get_running_loop().time() - started < 10  # not the lease's 30 s
+    assert calls.by_node == {}
+
+
 async def test_changed_descriptor_fails_before_any_dispatch(calls: Calls,
                                                             store: CountingStore) -> None:
     rt = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store)

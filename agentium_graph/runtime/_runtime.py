@@ -37,6 +37,7 @@ from agentium_graph.errors import (
     Diagnostic,
     DurableRecoveryRequiredError,
     ErrorInfo,
+    InvalidTransitionError,
     LeaseHeldError,
     NestedDispatchError,
     NodeFailedError,
@@ -53,6 +54,7 @@ from agentium_graph.runtime._blobs import read_verified
 from agentium_graph.runtime._config import Budgets, RootLimits, counter_limits
 from agentium_graph.runtime._containers import node_record
 from agentium_graph.runtime._context import current_context
+from agentium_graph.runtime._inspect import build_view
 from agentium_graph.runtime._outcome import node_error
 from agentium_graph.runtime._planner import (
     EXHAUSTED_ADVICE,
@@ -60,14 +62,12 @@ from agentium_graph.runtime._planner import (
     committed_plan,
     empty_plan,
     find_program,
-    planner_view,
 )
 from agentium_graph.runtime._resolve import resolve_action
 from agentium_graph.runtime._run import FastStartRefused, RunState, TaskRun
 from agentium_graph.runtime._views import (
     AdmissionEvent,
     AdmissionSnapshot,
-    NodeView,
     TaskResult,
     TaskView,
 )
@@ -75,6 +75,7 @@ from agentium_graph.store._memory import InMemoryDurableTaskStore
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import (
     COUNTERS,
+    TERMINAL_TASK,
     JournalEntry,
     NodeRecord,
     TaskHeader,
@@ -340,7 +341,15 @@ class ExecutionGraphRuntime:
         else:
             self._check_descriptors(identity)
             plan = self._compile(identity)
-        lease = await self._acquire(key, worker_id, wait)
+        lease = await self._acquire(key, worker_id, wait, header.deadline)
+        if lease is None:
+            # The task ended while this call waited (another worker finished, failed or
+            # canceled it): answer as a run on an ended task does.
+            header = await self._header(key)
+            if header.status == "completed":
+                return await self._retained_result(key)
+            _raise_terminal(header)
+            raise AssertionError(f"task {key!r} is {header.status}")  # pragma: no cover
         grant = lease.fence
         try:
             snapshot = lease.snapshot or await self.store.get_task(key)
@@ -402,16 +411,33 @@ class ExecutionGraphRuntime:
         finally:
             self._active.pop(key, None)
 
-    async def _acquire(self, key: str, worker_id: str, wait: bool) -> LeaseGrant:
+    async def _acquire(self, key: str, worker_id: str, wait: bool,
+                       deadline: datetime | None) -> LeaseGrant | None:
+        """The lease, waiting for another holder's to end when ``wait``; None when the task
+        ended meanwhile. A deadline that passes while waiting ends the wait."""
         while True:
             try:
                 return await self.store.acquire_lease(AcquireLeaseRequest(
                     key=key, worker_id=worker_id, ttl_seconds=self.lease_ttl,
                     now=self.clock(), snapshot=True))
+            except InvalidTransitionError:
+                header = await self.store.get_header(key)
+                if header is not None and header.status in TERMINAL_TASK:
+                    return None
+                raise
             except LeaseHeldError as exc:
                 if not wait:
                     raise
-                delay = (exc.expires_at - self.clock()).total_seconds()
+                now = self.clock()
+                if deadline is not None and now >= deadline:
+                    raise DeadlineExceededError(
+                        f"task {key!r} passed its deadline {deadline.isoformat()} while "
+                        f"waiting for worker {exc.holder!r}'s lease; recovery never extends "
+                        "a deadline, so create a new task to retry",
+                        details={"deadline": deadline.isoformat()}) from None
+                delay = (exc.expires_at - now).total_seconds()
+                if deadline is not None:
+                    delay = min(delay, (deadline - now).total_seconds())
                 await asyncio.sleep(min(max(delay, 0.01), self.poll_interval))
 
     async def _release_quietly(self, key: str, worker_id: str, fence: int) -> None:
@@ -631,59 +657,6 @@ class ExecutionGraphRuntime:
         return TaskResult(key=key, status="completed", output=top,
                           revision=snapshot.header.revision,
                           counters=dict(snapshot.header.counters))
-
-
-async def build_view(store: DurableTaskStore, snapshot: TaskSnapshot,
-                     identity: TaskIdentity | None, *,
-                     identity_digest: str | None = None) -> TaskView:
-    """Assemble a TaskView, verifying every digest it can; problems are listed, not raised.
-
-    ``identity_digest``: the identity's digest when the caller just computed it itself
-    (create), so it is not hashed twice.
-    """
-    header = snapshot.header
-    problems: list[str] = []
-    if identity is None:
-        problems.append("identity record is missing")
-    elif (identity_digest or record_digest(identity.model_dump(mode="json"))) != \
-            header.identity_digest:
-        problems.append("identity record does not match the task's identity digest")
-    blobs = await read_verified(store, (n.output_digest for n in snapshot.nodes.values()
-                                        if n.output_digest))
-    views: dict[str, NodeView] = {}
-    for node_id, rec in snapshot.nodes.items():
-        output: Any = None
-        if rec.output_digest:
-            problem = blobs.problem(rec.output_digest)
-            if problem == "missing":
-                problems.append(f"node {node_id!r}: output blob is missing")
-            elif problem == "damaged":
-                problems.append(f"node {node_id!r}: output does not match its digest")
-            else:
-                output = json.loads(blobs.texts[rec.output_digest])
-        views[node_id] = NodeView(
-            node_id=node_id, state=rec.state, kind=rec.kind, binding=rec.binding,
-            version=rec.version, revision=rec.revision, incarnation_id=rec.incarnation_id,
-            parent=rec.parent, deps=rec.deps, attempts=rec.attempts,
-            input_digest=rec.input_digest, output=output, output_digest=rec.output_digest,
-            error=rec.error)
-    for name, value in header.counters.items():
-        limit = header.limits.get(name)
-        if limit is not None and value > limit:
-            problems.append(f"counter {name}={value} exceeds its limit {limit}")
-    planner, planner_problems = await planner_view(store, header, identity)
-    problems.extend(planner_problems)
-    return TaskView(
-        key=header.key, task_id=header.task_id, status=header.status, revision=header.revision,
-        program=identity.program if identity else {},
-        catalog_digest=identity.catalog_digest if identity else "",
-        identity_digest=header.identity_digest, nodes=views, counters=dict(header.counters),
-        limits=dict(header.limits),
-        actions=tuple(sorted(snapshot.actions.values(), key=lambda a: a.action_id)),
-        lease=header.lease, cancel=header.cancel, deadline=header.deadline, error=header.error,
-        created_at=header.created_at, updated_at=header.updated_at, fence=header.fence,
-        journal_length=header.journal_seq, verified=not problems, problems=tuple(problems),
-        planner=planner)
 
 
 def used_bindings(plan: CompiledPlan, catalog: HostCatalog) -> list[Binding]:

@@ -1,0 +1,66 @@
+"""What ``inspect`` returns: a task's stored state assembled into a verified TaskView."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agentium_graph._canonical import record_digest
+from agentium_graph.runtime._blobs import read_verified
+from agentium_graph.runtime._planner import planner_view
+from agentium_graph.runtime._views import NodeView, TaskView
+from agentium_graph.store._protocol import DurableTaskStore
+from agentium_graph.store._records import TaskIdentity, TaskSnapshot
+
+
+async def build_view(store: DurableTaskStore, snapshot: TaskSnapshot,
+                     identity: TaskIdentity | None, *,
+                     identity_digest: str | None = None) -> TaskView:
+    """Assemble a TaskView, verifying every digest it can; problems are listed, not raised.
+
+    ``identity_digest``: the identity's digest when the caller just computed it itself
+    (create), so it is not hashed twice.
+    """
+    header = snapshot.header
+    problems: list[str] = []
+    if identity is None:
+        problems.append("identity record is missing")
+    elif (identity_digest or record_digest(identity.model_dump(mode="json"))) != \
+            header.identity_digest:
+        problems.append("identity record does not match the task's identity digest")
+    blobs = await read_verified(store, (n.output_digest for n in snapshot.nodes.values()
+                                        if n.output_digest))
+    views: dict[str, NodeView] = {}
+    for node_id, rec in snapshot.nodes.items():
+        output: Any = None
+        if rec.output_digest:
+            problem = blobs.problem(rec.output_digest)
+            if problem == "missing":
+                problems.append(f"node {node_id!r}: output blob is missing")
+            elif problem == "damaged":
+                problems.append(f"node {node_id!r}: output does not match its digest")
+            else:
+                output = json.loads(blobs.texts[rec.output_digest])
+        views[node_id] = NodeView(
+            node_id=node_id, state=rec.state, kind=rec.kind, binding=rec.binding,
+            version=rec.version, revision=rec.revision, incarnation_id=rec.incarnation_id,
+            parent=rec.parent, deps=rec.deps, attempts=rec.attempts,
+            input_digest=rec.input_digest, output=output, output_digest=rec.output_digest,
+            error=rec.error)
+    for name, value in header.counters.items():
+        limit = header.limits.get(name)
+        if limit is not None and value > limit:
+            problems.append(f"counter {name}={value} exceeds its limit {limit}")
+    planner, planner_problems = await planner_view(store, header, identity)
+    problems.extend(planner_problems)
+    return TaskView(
+        key=header.key, task_id=header.task_id, status=header.status, revision=header.revision,
+        program=identity.program if identity else {},
+        catalog_digest=identity.catalog_digest if identity else "",
+        identity_digest=header.identity_digest, nodes=views, counters=dict(header.counters),
+        limits=dict(header.limits),
+        actions=tuple(sorted(snapshot.actions.values(), key=lambda a: a.action_id)),
+        lease=header.lease, cancel=header.cancel, deadline=header.deadline, error=header.error,
+        created_at=header.created_at, updated_at=header.updated_at, fence=header.fence,
+        journal_length=header.journal_seq, verified=not problems, problems=tuple(problems),
+        planner=planner)
