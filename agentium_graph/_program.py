@@ -19,7 +19,7 @@ from pydantic import (
 
 from agentium_graph._canonical import NotJSONError, digest, json_copy
 from agentium_graph._schemarefs import check_refs, local_registry
-from agentium_graph.errors import ConfigurationError, config_error
+from agentium_graph.errors import ConfigurationError, config_error, positional
 
 
 class PlanLimits(BaseModel):
@@ -54,7 +54,11 @@ class PlannerConfig(BaseModel):
     mode: Literal["complete", "stream"] = "complete"
     stream: StreamLimits = StreamLimits()
 
-    def __init__(self, /, **data: Any) -> None:
+    def __init__(self, /, *args: Any, **data: Any) -> None:
+        """``PlannerConfig(provider, host_instructions, max_corrections, max_output_tokens,
+        mode=..., stream=...)``: the first four may be given by position."""
+        positional("PlannerConfig", ("provider", "host_instructions", "max_corrections",
+                                     "max_output_tokens"), args, data)
         try:
             super().__init__(**data)
         except ValidationError as exc:

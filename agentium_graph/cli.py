@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar, get_args
@@ -553,7 +553,7 @@ def _deadline(deadline: datetime | None, now: datetime) -> Text:
                 style="red" if passed else "")
 
 
-def _attempts(attempts: tuple[AttemptRecord, ...]) -> Text:
+def _attempts(attempts: Sequence[AttemptRecord]) -> Text:
     if not attempts:
         return Text("-")
     return Text("\n".join(f"#{a.number} fence {a.fence} {a.outcome or 'in progress'}"

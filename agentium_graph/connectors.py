@@ -8,9 +8,11 @@ what happened before it would ever dispatch again.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
+
+from agentium_graph.errors import positional
 
 
 class ActionRequest(BaseModel):
@@ -35,6 +37,10 @@ class ActionOutcome(BaseModel):
     output: Any
     result_ref: str
 
+    def __init__(self, /, *args: Any, **data: Any) -> None:
+        """``ActionOutcome(output, result_ref)``, by position or by name."""
+        super().__init__(**positional("ActionOutcome", ("output", "result_ref"), args, data))
+
 
 class Absent(BaseModel):
     """The connector proves the action never took effect (safe to dispatch again)."""
@@ -43,13 +49,17 @@ class Absent(BaseModel):
 
 
 class Unknown(BaseModel):
-    """The connector cannot tell whether the action took effect."""
+    """The connector cannot tell whether the action took effect: ``Unknown(reason)``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     reason: str = ""
 
+    def __init__(self, /, *args: Any, **data: Any) -> None:
+        super().__init__(**positional("Unknown", ("reason",), args, data))
 
+
+@runtime_checkable
 class DurableActionConnector(Protocol):
     """An effect connector. ``idempotent_destination``: the destination dedupes by action id."""
 

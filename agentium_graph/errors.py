@@ -294,6 +294,20 @@ class StoreSchemaError(StoreError):
     code = "store_schema"
 
 
+def positional(kind: str, names: tuple[str, ...], args: tuple[Any, ...],
+               data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the leading positional ``args`` stored under ``names`` (the public
+    constructors also take the positional forms the documentation writes)."""
+    if len(args) > len(names):
+        raise ConfigurationError(f"{kind} takes at most {len(names)} positional arguments "
+                                 f"({', '.join(names)}), got {len(args)}")
+    for name, value in zip(names, args, strict=False):
+        if name in data:
+            raise ConfigurationError(f"{kind}: {name} is given both by position and by name")
+        data[name] = value
+    return data
+
+
 def config_error(kind: str, data: Mapping[str, Any], exc: ValidationError) -> ConfigurationError:
     """Turn a pydantic validation failure of public config into a ConfigurationError."""
     problems = "; ".join(

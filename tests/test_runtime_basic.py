@@ -303,7 +303,7 @@ async def test_resolved_args_are_validated_before_dispatch(calls: Calls) -> None
         await rt.run("r")
     assert info.value.node_id == "i" and info.value.details["path"] == "$.x"
     view = await rt.inspect("r")
-    assert view.nodes["i"].attempts == ()  # never dispatched, never charged
+    assert view.nodes["i"].attempts == []  # never dispatched, never charged
     assert view.counters["work_attempts"] == 1
 
 

@@ -24,7 +24,7 @@ from agentium_graph._canonical import NotJSONError, check_json, json_copy
 from agentium_graph._fastschema import Predicate, compile_fast
 from agentium_graph._program import ExecutionGraphProgram
 from agentium_graph._schemarefs import check_refs, local_registry
-from agentium_graph.errors import ConfigurationError, config_error
+from agentium_graph.errors import ConfigurationError, config_error, positional
 
 if TYPE_CHECKING:
     from agentium_graph.connectors import DurableActionConnector
@@ -258,7 +258,10 @@ class Agent(BaseModel):
     memory: Any = None
     hooks: tuple[Any, ...] = ()
 
-    def __init__(self, /, **data: Any) -> None:
+    def __init__(self, /, *args: Any, **data: Any) -> None:
+        """``Agent(provider, instructions, tools=[...], ...)``: the first three may be
+        given by position."""
+        positional("Agent", ("provider", "instructions", "tools"), args, data)
         try:
             super().__init__(**data)
         except ValidationError as exc:
@@ -312,6 +315,11 @@ class RepeatBinding(_BindingBase):
     condition: Callable[..., bool]
 
     kind: ClassVar[BindingKind] = "repeat"
+
+    def __init__(self, /, *args: Any, **data: Any) -> None:
+        """``RepeatBinding(program, max_iterations, condition=..., id=..., version=...)``."""
+        super().__init__(**positional("RepeatBinding", ("program", "max_iterations"), args,
+                                      data))
 
     def _descriptor_extra(self) -> dict[str, Any]:
         return {"program": self.program.descriptor(), "max_iterations": self.max_iterations}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from agentium_graph._canonical import NotJSONError, check_json
 from agentium_graph.providers._errors import IncompleteStreamError, MalformedResponseError
@@ -20,11 +20,12 @@ from agentium_graph.providers._models import (
 __all__ = ["ModelProvider", "assemble_stream", "check_response", "check_tool_calls"]
 
 
+@runtime_checkable
 class ModelProvider(Protocol):
     """A language model behind two calls: :meth:`complete` and :meth:`stream`.
 
     Providers prove they fit with a typed assignment under ``mypy --strict``
-    (``provider: ModelProvider = MyProvider()``); there is no runtime check.
+    (``provider: ModelProvider = MyProvider()``); ``isinstance`` also works (members only).
 
     Contract:
 

@@ -32,7 +32,7 @@ class NodeView(_View):
     incarnation_id: str
     parent: str | None
     deps: tuple[str, ...]
-    attempts: tuple[AttemptRecord, ...]
+    attempts: list[AttemptRecord]  # oldest first, each with its fence
     input_digest: str | None
     output: Any = None
     output_digest: str | None
@@ -126,9 +126,17 @@ class AdmissionEvent(_View):
 
 
 class AdmissionSnapshot(_View):
+    """A task's lifetime counters against their limits, and its root admission queue:
+    ``active`` permits held, ``queued`` requests waiting (its queue depth), ``capacity``."""
+
     key: str
     counters: dict[str, int]
     limits: dict[str, int | None]
     active: int
     queued: int
     capacity: int
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting for a root permit (the same as ``queued``)."""
+        return self.queued

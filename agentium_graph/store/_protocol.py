@@ -1,14 +1,15 @@
 """The store protocol every durable (and the in-memory) task store implements.
 
-Stores prove they fit with a typed assignment under ``mypy --strict`` (no
-``runtime_checkable``) and prove they behave with :mod:`agentium_graph.testing`.
+Stores prove they fit with a typed assignment under ``mypy --strict`` and prove they behave
+with :mod:`agentium_graph.testing`. The protocol is ``runtime_checkable`` too, so
+``isinstance(store, DurableTaskStore)`` works (it checks the members exist, nothing more).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from agentium_graph.store._records import (
     JournalEntry,
@@ -33,6 +34,7 @@ from agentium_graph.store._requests import (
 )
 
 
+@runtime_checkable
 class DurableTaskStore(Protocol):
     """Async persistence for tasks: one method per kind of state transition.
 
