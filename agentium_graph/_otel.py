@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry import trace
 
@@ -37,3 +37,59 @@ def span(name: str, attributes: Mapping[str, AttrValue]) -> AbstractContextManag
     if not _configured():
         return nullcontext()
     return _tracer.start_as_current_span(name, attributes=dict(attributes))
+
+
+def start_span(name: str, attributes: Mapping[str, AttrValue]) -> Any:
+    """A span started now and ended by the caller (``.end()``), for a wait that no single
+    coroutine spans (a node's root permit is granted by another part of the loop); None
+    while no tracer provider is configured."""
+    if not _configured():
+        return None
+    return _tracer.start_span(name, attributes=dict(attributes))
+
+
+STORE_OPS = ("create_task", "get_header", "get_task", "get_identity", "list_tasks",
+             "acquire_lease", "renew_lease", "release_lease", "request_cancel", "commit",
+             "get_blobs", "read_timeline")
+_S = TypeVar("_S")
+
+
+def traced_store(store: str) -> Callable[[type[_S]], type[_S]]:
+    """Class decorator: every store operation runs in an ``agentium_graph.store.<op>`` span
+    (attributes ``agentium.store`` and, when the request names one, ``agentium.task.key``).
+    Unconfigured, an operation costs one extra function call: its coroutine is returned as
+    is, not wrapped."""
+    def decorate(cls: type[_S]) -> type[_S]:
+        for op in STORE_OPS:
+            setattr(cls, op, _traced_op(getattr(cls, op), store, op))
+        return cls
+    return decorate
+
+
+def _traced_op(fn: Callable[..., Coroutine[Any, Any, Any]], store: str,
+               op: str) -> Callable[..., Any]:
+    name = f"agentium_graph.store.{op}"
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        coro = fn(self, *args, **kwargs)
+        if not _configured():
+            return coro
+        attributes: dict[str, AttrValue] = {"agentium.store": store}
+        first = args[0] if args else kwargs.get("key", kwargs.get("request"))
+        # A key (str), a request with .key, or a create request (its header's key).
+        key = first if isinstance(first, str) else getattr(
+            first, "key", getattr(getattr(first, "header", None), "key", None))
+        if isinstance(key, str):
+            attributes["agentium.task.key"] = key
+        return _run_in_span(coro, name, attributes)
+
+    call.__name__ = fn.__name__
+    call.__qualname__ = fn.__qualname__
+    call.__doc__ = fn.__doc__
+    return call
+
+
+async def _run_in_span(coro: Coroutine[Any, Any, Any], name: str,
+                       attributes: dict[str, AttrValue]) -> Any:
+    with _tracer.start_as_current_span(name, attributes=attributes):
+        return await coro

@@ -15,7 +15,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
+from agentium_graph._otel import start_span
 from agentium_graph.errors import NestedDispatchError
 from agentium_graph.runtime._context import current_context
 from agentium_graph.runtime._views import AdmissionEvent, AdmissionEventKind
@@ -31,6 +33,7 @@ class Ticket:
     future: asyncio.Future[None] = field(repr=False)
     granted: bool = False
     released: bool = False
+    wait_span: Any = field(default=None, repr=False)  # open while it waits (when tracing)
 
 
 class AdmissionController:
@@ -96,6 +99,9 @@ class AdmissionController:
         self._grant_waiting()
         if not ticket.granted:
             self.emit("queued", node_id)
+            ticket.wait_span = start_span("agentium_graph.admission.wait", {
+                "agentium.task.key": self.key, "agentium.node.id": node_id or "",
+                "agentium.admission.queued": len(self._queue)})
         return ticket
 
     def _grant_waiting(self) -> None:
@@ -103,6 +109,7 @@ class AdmissionController:
             ticket = self._queue.popleft()
             ticket.granted = True
             self._active += 1
+            _end_wait(ticket, "admitted")
             if not ticket.future.done():
                 ticket.future.set_result(None)
             self.emit("admitted", ticket.node_id)
@@ -131,6 +138,7 @@ class AdmissionController:
             self._queue.remove(ticket)
         except ValueError:
             return
+        _end_wait(ticket, "withdrawn")
         if reason is not None:
             self.emit("rejected", ticket.node_id, reason=reason)
         if not ticket.future.done():
@@ -148,6 +156,15 @@ class AdmissionController:
         """Reject every queued waiter (cancellation, deadline, failure)."""
         while self._queue:
             ticket = self._queue.popleft()
+            _end_wait(ticket, "rejected")
             self.emit("rejected", ticket.node_id, reason=reason)
             if not ticket.future.done():
                 ticket.future.cancel()
+
+
+def _end_wait(ticket: Ticket, outcome: str) -> None:
+    """End a ticket's admission-wait span (if tracing opened one) with how the wait ended."""
+    wait_span, ticket.wait_span = ticket.wait_span, None
+    if wait_span is not None:
+        wait_span.set_attribute("agentium.admission.outcome", outcome)
+        wait_span.end()

@@ -39,6 +39,7 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
+from agentium_graph._otel import traced_store
 from agentium_graph.errors import ErrorInfo, TaskNotFoundError
 from agentium_graph.store._records import (
     ActionRecord,
@@ -136,6 +137,7 @@ class _Row:
     journal: list[str] = field(default_factory=list)
 
 
+@traced_store("memory")
 class InMemoryDurableTaskStore:
     """A process-local store. ``capabilities.durable`` is False: it cannot survive a crash."""
 

@@ -21,6 +21,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from agentium_graph._otel import traced_store
 from agentium_graph.errors import ConfigurationError
 from agentium_graph.store import (
     AcquireLeaseRequest,
@@ -90,6 +91,7 @@ class MongoDBStoreStats:
                                    for f in fields(self)))
 
 
+@traced_store("mongodb")
 class MongoDBDurableTaskStore:
     """A durable task store in one MongoDB database; safe for many processes and hosts.
 

@@ -24,6 +24,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from agentium_graph._otel import traced_store
 from agentium_graph.errors import ConfigurationError, StoreError
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import JournalEntry, TaskHeader, TaskIdentity, TaskSnapshot
@@ -141,6 +142,7 @@ def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
         del job, call, future, result, error
 
 
+@traced_store("sqlite")
 class SQLiteDurableTaskStore:
     """A durable task store in one SQLite file (WAL mode); safe for several processes.
 
