@@ -45,3 +45,14 @@ def test_error_codes_are_unique() -> None:
         if isinstance(obj, type) and issubclass(obj, agentium_graph.AgentiumGraphError):
             assert obj.code not in codes, (name, codes.get(obj.code))
             codes[obj.code] = name
+
+
+def test_every_public_name_is_in_the_api_reference() -> None:
+    from pathlib import Path
+
+    import agentium_graph
+
+    reference = (Path(__file__).resolve().parent.parent / "docs" / "api.md").read_text()
+    missing = [name for name in agentium_graph.__all__
+               if name != "__version__" and f"`{name}`" not in reference]
+    assert missing == [], f"document these in docs/api.md: {missing}"

@@ -513,6 +513,8 @@ class ExecutionGraphRuntime:
         return await self.inspect(key)
 
     async def admission_snapshot(self, key: str) -> AdmissionSnapshot:
+        """The task's counters against their limits and its admission queue (its depth and
+        the permits held, when this runtime is running it)."""
         header = await self._header(key)
         run = self._active.get(key)
         return AdmissionSnapshot(
@@ -543,6 +545,7 @@ class ExecutionGraphRuntime:
         return _sync(self.create(key, program, **kw))
 
     def run_sync(self, key: str, worker_id: str = "worker", *, wait: bool = False) -> TaskResult:
+        """``run`` for code without an event loop (it runs one); not from inside a loop."""
         return _sync(self.run(key, worker_id, wait=wait))
 
     def inspect_sync(self, key: str) -> TaskView:
