@@ -252,6 +252,10 @@ async def test_tool_exception_fails_node_and_task(calls: Calls) -> None:
     with pytest.raises(NodeFailedError) as info:
         await rt.run("f")
     assert info.value.node_id == "b" and "disk on fire" in str(info.value)
+    # The run that saw the tool raise chains the original exception (a later run only has
+    # what was stored: the error's code and message).
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert str(info.value.__cause__) == "disk on fire"
     view = await rt.inspect("f")
     assert view.status == "failed"
     assert [view.nodes[n].state for n in ("a", "b", "c")] == ["completed", "failed", "canceled"]

@@ -402,7 +402,10 @@ class TaskRun:
             else:
                 steps.append(SettleNode(node_id=node_id, state="failed", error=outcome.error))
                 if self.stop is None:
-                    begin_stop(self, failure_stop(self, node_id, outcome.error))
+                    stop = failure_stop(self, node_id, outcome.error)
+                    if outcome.exception is not None:  # in this process: chain the original
+                        stop.error.__cause__ = outcome.exception
+                    begin_stop(self, stop)
 
     # --- admit ----------------------------------------------------------------------
     def _is_ready(self, node: NodeSpec) -> bool:
@@ -629,7 +632,8 @@ class TaskRun:
             if isinstance(exc, BudgetExhaustedError):
                 outcome = Outcome("budget", exception=exc)
             elif exc is not None:
-                outcome = Outcome("failed", error=ErrorInfo.from_exception(exc, node_id=node_id))
+                outcome = Outcome("failed", error=ErrorInfo.from_exception(exc, node_id=node_id),
+                                  exception=exc)
             else:
                 outcome = task.result()
         if node_id in self.running:
@@ -661,7 +665,8 @@ class TaskRun:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                return Outcome("failed", error=ErrorInfo.from_exception(exc, node_id=node.id))
+                return Outcome("failed", error=ErrorInfo.from_exception(exc, node_id=node.id),
+                               exception=exc)
             finally:
                 reset_context(token)
         return check_output(node.id, binding, result)
