@@ -179,6 +179,18 @@ def test_duplicate_node_id() -> None:
     assert "$.nodes[0]" in messages(p)[0]
 
 
+def test_a_duplicated_node_still_reports_its_own_problems() -> None:
+    # Every diagnostic at once: the duplicate's unknown version and its reference to a node
+    # that does not exist come with the duplicate id, not in a later round.
+    p = plan(node("a"), node("b"), node("a", version="9"),
+             node("b", "writer", args={"price": ref("nowhere", "x")}))
+    found = problems(p, grants=["any", "writer"])
+    assert ("duplicate_node_id", "$.nodes[2].id", "a") in found
+    assert ("duplicate_node_id", "$.nodes[3].id", "b") in found
+    assert ("unknown_version", "$.nodes[2].version", "a") in found
+    assert ("unknown_reference", "$.nodes[3].args.price.$ref.node", "b") in found
+
+
 @pytest.mark.parametrize("field", ["dependsOn", "inputsFrom"])
 def test_unknown_dependency(field: str) -> None:
     p = plan(node("a"), node("b", **{field: ["a", "ghost"]}))

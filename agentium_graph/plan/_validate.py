@@ -357,12 +357,14 @@ def validate_plan(
                   f"plan has {len(nodes)} nodes; the limit is {limits.max_nodes}")
 
     ids: dict[str, int] = {}
+    duplicates: list[tuple[str, int]] = []
     for i, node in enumerate(nodes):
         nid = node.get("id") if isinstance(node, dict) else None
         if isinstance(nid, str):
             if nid in ids:
                 diags.add(f"$.nodes[{i}].id", "duplicate_node_id",
                           f"node id {nid!r} is already used by $.nodes[{ids[nid]}]", nid)
+                duplicates.append((nid, i))
             else:
                 ids[nid] = i
 
@@ -405,6 +407,16 @@ def validate_plan(
         if isinstance(args, dict):
             _check_args(args, f"$.nodes[{ids[nid]}].args", nid, binding,
                         [r.arg_path for r in refs[nid]], diags)
+    # A node under a duplicated id is not part of the graph, but its own problems are still
+    # reported: every diagnostic at once, not one fix-and-retry round per problem.
+    for nid, i in duplicates:
+        node = nodes[i]
+        binding = _check_binding(node, f"$.nodes[{i}]", nid, catalog, grants, diags)
+        _, dup_refs = _check_dependencies(node, f"$.nodes[{i}]", nid, binding, ids, diags)
+        args = node.get("args", {})
+        if binding is not None and isinstance(args, dict):
+            _check_args(args, f"$.nodes[{i}].args", nid, binding,
+                        [r.arg_path for r in dup_refs], diags)
 
     if diags.items:
         raise PlanValidationError(diags.items, subject=subject)
