@@ -223,6 +223,38 @@ async def fetch_response(run: TaskRun, caller: ModelCaller, request: ModelReques
     return Fetched(response, req_digest, resp_digest, steps, {resp_digest: text})
 
 
+def clamp_usage(run: TaskRun, steps: list[Any], pending: dict[str, int]) -> list[Any]:
+    """``steps`` with their Charge amounts cut to what the limits leave after ``pending``;
+    what was cut is added to ``usage_over_limit`` of the first journal entry with usage."""
+    over: dict[str, int] = {}
+    out: list[Any] = []
+    for step in steps:
+        if isinstance(step, Charge):
+            fitted: dict[str, int] = {}
+            for name, amount in step.charges.items():
+                limit = run.header.limits.get(name)
+                used = run.header.counters.get(name, 0) + pending.get(name, 0)
+                room = amount if limit is None else max(0, min(amount, limit - used))
+                if room:
+                    fitted[name] = room
+                if room < amount:
+                    over[name] = over.get(name, 0) + amount - room
+            if fitted:
+                out.append(step.model_copy(update={"charges": fitted}))
+        else:
+            out.append(step)
+    if over:
+        for i, step in enumerate(out):
+            if isinstance(step, AppendJournal) and "usage" in step.data:
+                known = dict(step.data.get("usage_over_limit") or {})
+                for name, amount in over.items():
+                    known[name] = known.get(name, 0) + amount
+                out[i] = step.model_copy(update={"data": {**step.data,
+                                                          "usage_over_limit": known}})
+                break
+    return out
+
+
 def within_limits(run: TaskRun, extra: dict[str, int]) -> tuple[dict[str, int],
                                                                   dict[str, int]]:
     """Split ``extra`` into what fits under the task's limits and what is over them."""

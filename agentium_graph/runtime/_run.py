@@ -49,6 +49,7 @@ from agentium_graph.runtime._agent import (
     PROPOSAL_KIND,
     TOOL_KIND,
     AgentRecords,
+    clamp_usage,
     run_agent,
 )
 from agentium_graph.runtime._context import ToolContext, reset_context, set_context
@@ -332,7 +333,7 @@ class TaskRun:
                     sub.future.set_exception(RevisionConflict(started))
                     continue
             if sub.clamp:
-                sub.steps = self._clamped(sub.steps, pending)
+                sub.steps = clamp_usage(self, sub.steps, pending)
             charges: dict[str, int] = {}
             charge: Charge | None = None
             for step in sub.steps:
@@ -562,37 +563,6 @@ class TaskRun:
             del self.ready[node_id]
             launch.append(item)
         return launch
-
-    def _clamped(self, steps: list[Step], pending: dict[str, int]) -> list[Step]:
-        """``steps`` with their Charge amounts cut to what the limits leave after ``pending``;
-        what was cut is added to ``usage_over_limit`` of the first journal entry with usage."""
-        over: dict[str, int] = {}
-        out: list[Step] = []
-        for step in steps:
-            if isinstance(step, Charge):
-                fitted: dict[str, int] = {}
-                for name, amount in step.charges.items():
-                    limit = self.header.limits.get(name)
-                    used = self.header.counters.get(name, 0) + pending.get(name, 0)
-                    room = amount if limit is None else max(0, min(amount, limit - used))
-                    if room:
-                        fitted[name] = room
-                    if room < amount:
-                        over[name] = over.get(name, 0) + amount - room
-                if fitted:
-                    out.append(step.model_copy(update={"charges": fitted}))
-            else:
-                out.append(step)
-        if over:
-            for i, step in enumerate(out):
-                if isinstance(step, AppendJournal) and "usage" in step.data:
-                    known = dict(step.data.get("usage_over_limit") or {})
-                    for name, amount in over.items():
-                        known[name] = known.get(name, 0) + amount
-                    out[i] = step.model_copy(update={"data": {**step.data,
-                                                              "usage_over_limit": known}})
-                    break
-        return out
 
     def _exceeds(self, charges: dict[str, int],
                  pending: dict[str, int]) -> tuple[str, int, int] | None:
