@@ -36,6 +36,7 @@ from agentium_graph.providers import (
     ModelResponse,
     ToolCall,
     ToolSpec,
+    Usage,
     assemble_stream,
     check_response,
 )
@@ -206,21 +207,27 @@ async def fetch_response(run: TaskRun, caller: ModelCaller, request: ModelReques
             run.admission.release(ticket)
     text = response.model_dump_json()
     resp_digest = digest_text(text)
-    extra = {"input_tokens": max(0, response.usage.input_tokens - estimate_in),
-             "output_tokens": max(0, response.usage.output_tokens - reserve_out)}
-    # Usage beyond the reservation already happened: it is charged up to the limit and the
-    # rest is journaled (a charge over the limit would be refused and lose the response).
-    charged, over = within_limits(run, extra)
-    data: dict[str, Any] = {"request_digest": req_digest, "digest": resp_digest,
-                            "usage": response.usage.model_dump()}
-    if over:
-        data["usage_over_limit"] = over
-    steps: list[Any] = [AppendJournal(kind=caller.journal_kind, node_id=caller.node_id,
-                                      data=data)]
-    if charged:
-        steps.append(Charge(admission_id=admission_id(caller.incarnation, f"usage:{req_digest}"),
-                            node_id=caller.node_id, charges=charged))
+    steps: list[Any] = [
+        AppendJournal(kind=caller.journal_kind, node_id=caller.node_id, data={
+            "request_digest": req_digest, "digest": resp_digest,
+            "usage": response.usage.model_dump()}),
+        *beyond_reservation(response.usage, estimate_in, reserve_out,
+                            admission_id(caller.incarnation, f"usage:{req_digest}"),
+                            caller.node_id)]
     return Fetched(response, req_digest, resp_digest, steps, {resp_digest: text})
+
+
+def beyond_reservation(usage: Usage, estimate_in: int, reserve_out: int, adm: str,
+                       node_id: str | None) -> list[Charge]:
+    """The charge for usage beyond what was reserved before a model call (none if none).
+
+    The usage already happened: its submission is made with ``clamp=True``, so the drain
+    charges it up to the limits (:func:`clamp_usage`) and journals the rest as
+    ``usage_over_limit``; refusing it would lose the response that was paid for."""
+    extra = {name: amount for name, amount in (
+        ("input_tokens", usage.input_tokens - estimate_in),
+        ("output_tokens", usage.output_tokens - reserve_out)) if amount > 0}
+    return [Charge(admission_id=adm, node_id=node_id, charges=extra)] if extra else []
 
 
 def clamp_usage(run: TaskRun, steps: list[Any], pending: dict[str, int]) -> list[Any]:
@@ -253,22 +260,6 @@ def clamp_usage(run: TaskRun, steps: list[Any], pending: dict[str, int]) -> list
                                                           "usage_over_limit": known}})
                 break
     return out
-
-
-def within_limits(run: TaskRun, extra: dict[str, int]) -> tuple[dict[str, int],
-                                                                  dict[str, int]]:
-    """Split ``extra`` into what fits under the task's limits and what is over them."""
-    charged: dict[str, int] = {}
-    over: dict[str, int] = {}
-    for name, amount in extra.items():
-        limit = run.header.limits.get(name)
-        room = amount if limit is None else \
-            max(0, min(amount, limit - run.header.counters.get(name, 0)))
-        if room:
-            charged[name] = room
-        if room < amount:
-            over[name] = amount - room
-    return charged, over
 
 
 async def _model_call(run: TaskRun, spec: NodeSpec, incarnation: str, agent: Any,

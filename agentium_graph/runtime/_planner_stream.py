@@ -53,7 +53,7 @@ from agentium_graph.providers import (
     TextDelta,
     ToolCallDelta,
 )
-from agentium_graph.runtime._agent import PROPOSAL_KIND, within_limits
+from agentium_graph.runtime._agent import PROPOSAL_KIND, beyond_reservation
 from agentium_graph.runtime._containers import node_record
 from agentium_graph.runtime._planner import (
     BINDING_RULES,
@@ -258,17 +258,12 @@ async def _seal(run: TaskRun, end: StreamEnd, estimate_in: int, reserve_out: int
         raise _Rejected([Diagnostic(path="$", code="no_plan", message=(
             "the stream ended without a frame; send at least the frame with baseRevision 0"))],
             judged=False)
-    extra = {"input_tokens": max(0, end.usage.input_tokens - estimate_in),
-             "output_tokens": max(0, end.usage.output_tokens - reserve_out)}
-    charged, over = within_limits(run, extra)
-    data: dict[str, Any] = {"call": call, "usage": end.usage.model_dump(),
-                            "revision": run.header.revision}
-    if over:
-        data["usage_over_limit"] = over
-    steps: list[Step] = [AppendJournal(kind=SEALED_KIND, data=data)]
-    if charged:
-        steps.append(Charge(admission_id=admission_id(f"{run.header.task_id}:planner",
-                                                      f"usage:{call}"), charges=charged))
+    steps: list[Step] = [
+        AppendJournal(kind=SEALED_KIND, data={"call": call, "usage": end.usage.model_dump(),
+                                              "revision": run.header.revision}),
+        *beyond_reservation(end.usage, estimate_in, reserve_out,
+                            admission_id(f"{run.header.task_id}:planner", f"usage:{call}"),
+                            None)]
     await run.submit(steps, clamp=True)
     state.sealed = True
 
