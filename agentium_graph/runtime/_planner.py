@@ -280,10 +280,6 @@ def _damaged(run: TaskRun) -> Any:
     return make
 
 
-def check_supported(program: ExecutionGraphProgram) -> None:
-    """Every planner mode is supported; kept as the one place a host-side check would go."""
-
-
 def find_program(programs: Mapping[tuple[str, str], ExecutionGraphProgram],
                  identity: TaskIdentity, *, required: bool) -> ExecutionGraphProgram | None:
     """The registered planner program of a planned task (None when not ``required`` and

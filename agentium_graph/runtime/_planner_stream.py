@@ -415,9 +415,7 @@ def _diff(run: TaskRun, compiled: CompiledPlan) -> tuple[tuple[str, ...], tuple[
                 node.binding.version == spec.binding.version and node.deps == spec.deps and \
                 node.args_digest == digest(spec.args, trusted=True):
             continue  # kept as it is
-        rec = run.nodes.get(node_id)
-        if rec is None or rec.state != "pending" or rec.attempts or node_id in run.running \
-                or node_id in run.closed:
+        if not run.replaceable(node_id):
             started.append(node_id)
             continue
         tombstone.append(node_id)

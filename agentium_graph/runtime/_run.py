@@ -326,9 +326,7 @@ class TaskRun:
                 sub.future.cancel()  # a stopping run takes no new plan revision
                 continue
             if sub.tombstone:
-                started = sorted(n for n in sub.tombstone if n in self.running or
-                                 n in self.closed or self.nodes.get(n) is None or
-                                 self.nodes[n].state != "pending" or self.nodes[n].attempts)
+                started = sorted(n for n in sub.tombstone if not self.replaceable(n))
                 if started:
                     sub.future.set_exception(RevisionConflict(started))
                     continue
@@ -416,6 +414,14 @@ class TaskRun:
         return (rec.state in RESTARTABLE and node.id not in self.running and
                 node.id not in self.ready and node.id not in self.done and
                 self.done.issuperset(node.deps))
+
+    def replaceable(self, node_id: str) -> bool:
+        """Whether a plan revision may still replace or drop ``node_id``: it is pending,
+        never ran (no attempt, not even one reopened after an absent effect), and nothing
+        in this run started or settled it."""
+        rec = self.nodes.get(node_id)
+        return rec is not None and rec.state == "pending" and not rec.attempts and \
+            node_id not in self.running and node_id not in self.closed
 
     def mark_done(self, node_id: str) -> None:
         """Record a completion (maybe not yet committed); its successors may be ready."""

@@ -58,7 +58,6 @@ from agentium_graph.runtime._inspect import build_view
 from agentium_graph.runtime._outcome import node_error
 from agentium_graph.runtime._planner import (
     EXHAUSTED_ADVICE,
-    check_supported,
     committed_plan,
     empty_plan,
     find_program,
@@ -193,7 +192,6 @@ class ExecutionGraphRuntime:
         limits = limits or self.limits
         budgets = budgets or Budgets()
         grant_list = None if grants is None else tuple(sorted(set(grants)))
-        check_supported(program)
         # One checked canonical encoding of the plan gives both its digest and the
         # identity's private copy of it.
         plan_text = None if program.plan is None else canonical_json(program.plan)
@@ -280,7 +278,6 @@ class ExecutionGraphRuntime:
         """Let this runtime run tasks of ``program`` (needed for planner programs only)."""
         if not isinstance(program, ExecutionGraphProgram):
             raise ConfigurationError("programs must be ExecutionGraphProgram instances")
-        check_supported(program)
         known = self._programs.get((program.id, program.version))
         if known is not None and known.descriptor() != program.descriptor():
             raise ConfigurationError(

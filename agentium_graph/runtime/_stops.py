@@ -26,7 +26,6 @@ from agentium_graph.errors import (
     TaskCanceledError,
 )
 from agentium_graph.runtime._outcome import node_error
-from agentium_graph.runtime._planner import install_revisions
 from agentium_graph.store._requests import SetStatus, SettleNode, Step
 
 if TYPE_CHECKING:
@@ -59,8 +58,8 @@ def observe_stop(run: TaskRun) -> None:
 
 
 def settle_planning(run: TaskRun) -> None:
-    """Install the plan the planner committed, or stop the task with why it has none."""
-    install_revisions(run)
+    """Stop the task with why planning ended without a plan, if it did. (Committed
+    revisions are installed by the loop right after their commit: install_revisions.)"""
     task = run.planning
     if task is None or not task.done():
         return
