@@ -10,6 +10,7 @@ and never re-runs a completed one.
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from agentium_graph._canonical import (
@@ -21,9 +22,10 @@ from agentium_graph._canonical import (
     incarnation_id,
 )
 from agentium_graph.catalog._bindings import GraphBinding, RepeatBinding
-from agentium_graph.errors import ErrorInfo, NodeFailedError
+from agentium_graph.errors import ErrorInfo, NodeOutputError
 from agentium_graph.plan._validate import CompiledPlan
 from agentium_graph.runtime._graph import NodeSpec, Scope, child_prefix
+from agentium_graph.runtime._outcome import schema_error
 from agentium_graph.store._records import NodeRecord
 from agentium_graph.store._requests import (
     AddNodes,
@@ -145,25 +147,30 @@ def advance(run: TaskRun, steps: list[Step], blobs: dict[str, str],
         outputs = {run.graph.specs[m].local: run.outputs[m] for m in last.members}
         binding = spec.binding
         if isinstance(binding, GraphBinding):
-            _settle(run, container, outputs, steps, blobs)
+            _settle(run, binding, container, outputs, steps, blobs)
             continue
         assert isinstance(binding, RepeatBinding) and last.iteration is not None
         i = last.iteration
         try:
-            again = bool(binding.condition({"iteration": i, "outputs": outputs,
-                                            "input": run.container_args.get(container)}))
+            decision = binding.condition({"iteration": i, "outputs": outputs,
+                                          "input": run.container_args.get(container)})
         except Exception as exc:  # a host callback: any failure fails the node, typed
-            error = NodeFailedError(
-                f"node {container!r}: the repeat condition raised on iteration {i}: "
-                f"{type(exc).__name__}: {exc}", node_id=container,
-                details={"iteration": i})
-            info = ErrorInfo(code="repeat_condition_failed", message=str(error),
-                             node_id=container, details={"iteration": i})
-            steps.append(SettleNode(node_id=container, state="failed", error=info))
-            run.closed.add(container)
-            run.active_containers.discard(container)
-            run.fail(container, info)
+            _fail(run, container, steps, "repeat_condition_failed",
+                  f"node {container!r}: the repeat condition raised on iteration {i}: "
+                  f"{type(exc).__name__}: {exc}", {"iteration": i})
             continue
+        if not isinstance(decision, bool):
+            # The decision is journaled and replayed: a truthy object (or an un-awaited
+            # coroutine, always truthy) would silently decide something the host never meant.
+            if inspect.iscoroutine(decision):
+                decision.close()
+            _fail(run, container, steps, "repeat_condition_failed",
+                  f"node {container!r}: the repeat condition returned "
+                  f"{type(decision).__name__} on iteration {i}; it must return True (run "
+                  "another iteration) or False (stop), from a plain (not async) function",
+                  {"iteration": i, "returned": type(decision).__name__})
+            continue
+        again = decision
         stop_reason = None if again else "condition"
         if again and i + 1 >= binding.max_iterations:
             stop_reason = "max_iterations"
@@ -181,12 +188,26 @@ def advance(run: TaskRun, steps: list[Step], blobs: dict[str, str],
                                        data={"iteration": i + 1}))
             run.graph.add_scope(scope.prefix, scope.plan, container, i + 1)
             continue
-        _settle(run, container, {"iterations": i + 1, "stopped": stop_reason,
-                                 "last": outputs}, steps, blobs)
+        _settle(run, binding, container, {"iterations": i + 1, "stopped": stop_reason,
+                                          "last": outputs}, steps, blobs)
 
 
-def _settle(run: TaskRun, container: str, output: dict[str, Any], steps: list[Step],
-            blobs: dict[str, str]) -> None:
+def _fail(run: TaskRun, container: str, steps: list[Step], code: str, message: str,
+          details: dict[str, Any]) -> None:
+    info = ErrorInfo(code=code, message=message, node_id=container, details=details)
+    steps.append(SettleNode(node_id=container, state="failed", error=info))
+    run.closed.add(container)
+    run.active_containers.discard(container)
+    run.fail(container, info)
+
+
+def _settle(run: TaskRun, binding: GraphBinding | RepeatBinding, container: str,
+            output: dict[str, Any], steps: list[Step], blobs: dict[str, str]) -> None:
+    errors = binding.output_errors(output)
+    if errors:  # a container's output_schema binds like any other binding's (SPEC 4)
+        error = schema_error(NodeOutputError, container, "output", errors[0])
+        _fail(run, container, steps, error.code, str(error), dict(error.details))
+        return
     text = canonical_json(output)
     out_digest = digest_text(text)
     blobs[out_digest] = text

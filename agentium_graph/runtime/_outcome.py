@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -64,4 +65,7 @@ def check_output(node_id: str, binding: Binding, result: Any) -> Outcome:
         return Outcome("failed", error=schema_error(NodeOutputError, node_id, "output",
                                                     errors[0]).to_info())
     text = canonical_json(result, trusted=True)  # checked just above
-    return Outcome("completed", output=result, text=text, digest=digest_text(text))
+    # The value successors and the result see is the journaled one, never the tool's own
+    # object: a tool (or a later one) mutating what it returned must not make this run
+    # differ from a recovery, which reads the journaled text.
+    return Outcome("completed", output=json.loads(text), text=text, digest=digest_text(text))

@@ -35,6 +35,7 @@ from agentium_graph.errors import (
     ErrorInfo,
     InvalidTransitionError,
     LeaseHeldError,
+    NodeFailedError,
     NodeInputError,
     StaleFenceError,
     StoreUnavailableError,
@@ -601,7 +602,11 @@ class TaskRun:
         running.task.add_done_callback(functools.partial(self._on_done, node.id))
 
     def _on_done(self, node_id: str, task: asyncio.Task[Outcome]) -> None:
-        if task.cancelled():
+        if task.cancelled() and self.stop is None:
+            # The runtime cancels a node's task only while stopping: this cancellation came
+            # from the node's own code (a provider or connector letting one escape).
+            outcome = Outcome("failed", error=_escaped_cancel(node_id).to_info())
+        elif task.cancelled():
             outcome = Outcome("canceled")
         else:
             exc = task.exception()
@@ -638,8 +643,13 @@ class TaskRun:
                     result = fn(args)
                 if inspect.isawaitable(result):
                     result = await result
-            except asyncio.CancelledError:
-                raise
+            except asyncio.CancelledError as exc:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # the runtime canceled this node (cancel, deadline)
+                error = _escaped_cancel(node.id)
+                error.__cause__ = exc
+                return Outcome("failed", error=error.to_info(), exception=error)
             except Exception as exc:
                 return Outcome("failed", error=ErrorInfo.from_exception(exc, node_id=node.id),
                                exception=exc)
@@ -775,3 +785,11 @@ class TaskRun:
 
 def _is_effect(node: NodeSpec) -> bool:
     return isinstance(node.binding, ToolBinding) and node.binding.connector is not None
+
+
+def _escaped_cancel(node_id: str) -> NodeFailedError:
+    return NodeFailedError(
+        f"node {node_id!r}: its code raised CancelledError although the runtime did not "
+        "cancel it (an inner task or future was canceled); catch that cancellation in the "
+        "tool, or raise an ordinary exception to fail the node", node_id=node_id,
+        details={"error": "CancelledError"})

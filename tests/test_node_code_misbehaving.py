@@ -1,0 +1,178 @@
+"""Node code that misbehaves: cancellations it raises itself, outputs it mutates later,
+repeat conditions that return something other than a bool, containers whose output breaks
+their own schema. Each must end the node clearly, never wedge the task."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from agentium_graph import (
+    ExecutionGraphProgram,
+    ExecutionGraphRuntime,
+    GraphBinding,
+    HostCatalog,
+    NodeFailedError,
+    NodeOutputError,
+    RepeatBinding,
+    TaskCanceledError,
+    ToolBinding,
+)
+
+OBJ = {"type": "object"}
+
+
+def plan(*nodes: dict[str, Any]) -> ExecutionGraphProgram:
+    return ExecutionGraphProgram(id="p", version="1", plan={
+        "schemaVersion": 1, "revision": 1, "nodes": list(nodes)})
+
+
+def node(node_id: str, binding: str = "t", args: dict[str, Any] | None = None,
+         **extra: Any) -> dict[str, Any]:
+    return {"id": node_id, "binding": binding, "version": "1", "args": args or {}, **extra}
+
+
+def tool(binding_id: str, fn: Callable[..., Any]) -> ToolBinding:
+    return ToolBinding(id=binding_id, version="1", execute=fn, recovery="pure",
+                       input_schema=OBJ, output_schema=OBJ)
+
+
+async def _raises_cancelled(args: dict[str, Any]) -> dict[str, Any]:
+    raise asyncio.CancelledError()
+
+
+def _sync_cancelled_future(args: dict[str, Any]) -> dict[str, Any]:
+    future: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
+    future.cancel()
+    return future.result()
+
+
+async def _awaits_canceled_inner(args: dict[str, Any]) -> dict[str, Any]:
+    inner = asyncio.create_task(asyncio.sleep(10))
+    await asyncio.sleep(0)
+    inner.cancel()
+    await inner
+    return {}
+
+
+@pytest.mark.parametrize("fn", [_raises_cancelled, _sync_cancelled_future,
+                                _awaits_canceled_inner],
+                         ids=["raises", "sync-future", "inner-task"])
+async def test_a_cancellation_the_tool_raises_itself_fails_the_node(
+        fn: Callable[..., Any]) -> None:
+    ran: list[str] = []
+    rt = ExecutionGraphRuntime(catalog=HostCatalog([
+        tool("t", fn), tool("after", lambda a: ran.append("after") or {})]))
+    await rt.create("k", plan(node("a"), node("b", "after", dependsOn=["a"])))
+    with pytest.raises(NodeFailedError, match="raised CancelledError") as caught:
+        await rt.run("k")
+    assert caught.value.node_id == "a"
+    view = await rt.inspect("k")
+    assert (view.status, view.nodes["a"].state, view.nodes["b"].state) == \
+        ("failed", "failed", "canceled")  # as after any node failure
+    # A second run reports the same failure instead of stalling the scheduler.
+    with pytest.raises(NodeFailedError, match="raised CancelledError"):
+        await rt.run("k")
+    assert ran == []
+
+
+async def test_a_cancel_of_the_task_still_cancels_an_async_tool() -> None:
+    started = asyncio.Event()
+
+    async def slow(args: dict[str, Any]) -> dict[str, Any]:
+        started.set()
+        await asyncio.sleep(30)
+        return {}
+
+    rt = ExecutionGraphRuntime(catalog=HostCatalog([tool("t", slow)]))
+    await rt.create("k", plan(node("a")))
+    run = asyncio.create_task(rt.run("k"))
+    await started.wait()
+    await rt.cancel("k", reason="stop")
+    with pytest.raises(TaskCanceledError):
+        await run
+    view = await rt.inspect("k")
+    assert (view.status, view.nodes["a"].state) == ("canceled", "canceled")
+
+
+async def test_successors_and_the_result_see_the_journaled_output_not_the_tools_object(
+        ) -> None:
+    kept: dict[str, Any] = {}
+
+    def produce(args: dict[str, Any]) -> dict[str, Any]:
+        kept["out"] = {"n": 1, "pair": (1, 2)}
+        return kept["out"]
+
+    def mutate(args: dict[str, Any]) -> dict[str, Any]:
+        kept["out"]["n"] = 2  # changes the object the producer returned, after the fact
+        return {}
+
+    def see(args: dict[str, Any]) -> dict[str, Any]:
+        return {"saw": args["x"]}
+
+    rt = ExecutionGraphRuntime(catalog=HostCatalog([
+        tool("prod", produce), tool("side", mutate), tool("see", see)]))
+    await rt.create("k", plan(
+        node("a", "prod"), node("b", "side", dependsOn=["a"]),
+        node("c", "see", {"x": {"$ref": {"node": "a", "path": ["n"]}}}, dependsOn=["b"])))
+    result = await rt.run("k")
+    assert result.output["a"] == {"n": 1, "pair": [1, 2]}  # as journaled: a list, n=1
+    assert result.output["c"] == {"saw": 1}
+    assert (await rt.inspect("k")).nodes["a"].output == result.output["a"]
+
+
+def _inner() -> ExecutionGraphProgram:
+    return plan(node("x", "one"))
+
+
+def _one() -> ToolBinding:
+    return tool("one", lambda a: {"value": 1})
+
+
+@pytest.mark.parametrize("returned", ["no", None, 1, [True]],
+                         ids=["str", "none", "int", "list"])
+async def test_a_repeat_condition_must_return_a_bool(returned: Any) -> None:
+    rt = ExecutionGraphRuntime(catalog=HostCatalog([_one(), RepeatBinding(
+        id="loop", version="1", program=_inner(), max_iterations=5,
+        condition=lambda state: returned)]))
+    await rt.create("k", plan(node("r", "loop")))
+    with pytest.raises(NodeFailedError, match="must return True") as caught:
+        await rt.run("k")
+    assert caught.value.node_id == "r"
+    view = await rt.inspect("k")
+    assert view.nodes["r"].state == "failed"
+    assert [n for n in view.nodes if n.startswith("r/")] == ["r/0/x"]  # no second iteration
+
+
+async def test_a_repeat_condition_returning_a_coroutine_is_refused_without_a_warning(
+        ) -> None:
+    async def later() -> bool:
+        return True
+
+    rt = ExecutionGraphRuntime(catalog=HostCatalog([_one(), RepeatBinding(
+        id="loop", version="1", program=_inner(), max_iterations=5,
+        condition=lambda state: later())]))
+    await rt.create("k", plan(node("r", "loop")))
+    with pytest.raises(NodeFailedError, match="returned coroutine"):
+        await rt.run("k")
+
+
+@pytest.mark.parametrize("kind", ["graph", "repeat"])
+async def test_a_container_output_is_checked_against_its_output_schema(kind: str) -> None:
+    strict = {"type": "object", "required": ["zzz"]}
+    container = GraphBinding(id="c", version="1", program=_inner(), output_schema=strict) \
+        if kind == "graph" else RepeatBinding(id="c", version="1", program=_inner(),
+                                              max_iterations=1, output_schema=strict,
+                                              condition=lambda state: True)
+    rt = ExecutionGraphRuntime(catalog=HostCatalog([_one(), container]))
+    await rt.create("k", plan(node("c", "c")))
+    with pytest.raises(NodeOutputError, match="zzz") as caught:
+        await rt.run("k")
+    assert caught.value.node_id == "c"
+    view = await rt.inspect("k")
+    assert (view.status, view.nodes["c"].state) == ("failed", "failed")
+    assert view.nodes["c/x" if kind == "graph" else "c/0/x"].state == "completed"
