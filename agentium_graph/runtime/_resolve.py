@@ -2,6 +2,13 @@
 
 Resolution needs only the store: the output is checked against the output schema the task
 pinned for the binding, so an operator can resolve from the CLI without the host catalog.
+
+An attested outcome is the action's receipt. For a tool node's own effect it is also the
+node's output (the node completes); for a call made inside a node (an agent's tool call)
+the node is reopened, like after an attested absence, and its next run reuses the receipt
+without dispatching. The decision is made on a read taken under the task's lease, so of two
+concurrent resolutions of one action the later one sees the first: an identical one is a
+no-op, a different one is refused with ResolutionConflictError.
 """
 
 from __future__ import annotations
@@ -18,13 +25,15 @@ from agentium_graph._schemarefs import local_registry
 from agentium_graph.connectors import Absent, ActionOutcome
 from agentium_graph.errors import (
     ConfigurationError,
+    DurableRecoveryRequiredError,
+    ErrorInfo,
     ResolutionConflictError,
     StaleFenceError,
     StoreError,
     TaskNotFoundError,
 )
 from agentium_graph.store._protocol import DurableTaskStore
-from agentium_graph.store._records import ActionRecord, TaskIdentity
+from agentium_graph.store._records import ActionRecord, NodeRecord, TaskIdentity, TaskSnapshot
 from agentium_graph.store._requests import (
     AcquireLeaseRequest,
     CommitRequest,
@@ -44,61 +53,138 @@ async def resolve_action(store: DurableTaskStore, key: str, action_id: str,
         raise ConfigurationError("resolve_action needs actor=... (who attests the outcome)")
     if not isinstance(outcome, ActionOutcome | Absent):
         raise ConfigurationError("outcome must be ActionOutcome(...) or Absent()")
-    snapshot = await store.get_task(key)
-    if snapshot is None:
-        raise TaskNotFoundError(key)
-    action = snapshot.actions.get(action_id)
-    if action is None:
-        raise ConfigurationError(f"task {key!r} has no action {action_id!r}; list its actions "
-                                 "with inspect")
     verdict = "absent" if isinstance(outcome, Absent) else "outcome"
-    if action.state != "uncertain":
-        if action.resolution is not None and _same(action, outcome, verdict):
-            return  # identical re-delivery of a resolution already recorded
-        raise ResolutionConflictError(
-            f"action {action_id} is {action.state}, not uncertain"
-            + (f" (already resolved by {action.resolution.get('actor')!r})"
-               if action.resolution else "") + "; a second resolution is rejected",
-            node_id=action.node_id)
+    # A first look without the lease: an already resolved action needs no lease at all.
+    if not _unresolved(await _snapshot(store, key), action_id, outcome, verdict):
+        return
     worker = f"operator:{actor}"
     grant = await store.acquire_lease(AcquireLeaseRequest(key=key, worker_id=worker,
                                                           ttl_seconds=lease_ttl, now=clock()))
-    now = clock()
+    committed = False
+    try:
+        # Decide on a read made under the lease: a concurrent resolution may have committed
+        # after the first look, and the lease's fence keeps any later one out until ours
+        # commits (so the later one sees ours and is refused, or repeats it as a no-op).
+        snapshot = await _snapshot(store, key)
+        if not _unresolved(snapshot, action_id, outcome, verdict):
+            return
+        now = clock()
+        steps, blobs = await _steps(store, snapshot, action_id, outcome, verdict, actor,
+                                    grant.fence, now)
+        try:
+            await store.commit(CommitRequest(key=key, worker_id=worker, fence=grant.fence,
+                                             now=now, steps=steps, blobs=blobs))
+        except StaleFenceError:
+            # Another holder took the lease after our grant: with the same actor (the same
+            # worker id re-acquires at once) that is another resolution of this task.
+            await _superseded(store, key, action_id, outcome, verdict)
+            return
+        committed = True
+    finally:
+        if not committed:
+            with contextlib.suppress(StaleFenceError, StoreError):
+                await store.release_lease(ReleaseLeaseRequest(key=key, worker_id=worker,
+                                                              fence=grant.fence, now=clock()))
+
+
+async def _snapshot(store: DurableTaskStore, key: str) -> TaskSnapshot:
+    snapshot = await store.get_task(key)
+    if snapshot is None:
+        raise TaskNotFoundError(key)
+    return snapshot
+
+
+def _unresolved(snapshot: TaskSnapshot, action_id: str, outcome: ActionOutcome | Absent,
+                verdict: str) -> bool:
+    """True while the action is uncertain; False when this very resolution is already
+    recorded (a harmless repeat); ResolutionConflictError for anything else."""
+    action = snapshot.actions.get(action_id)
+    if action is None:
+        raise ConfigurationError(f"task {snapshot.header.key!r} has no action {action_id!r}; "
+                                 "list its actions with inspect")
+    if action.state == "uncertain":
+        return True
+    if action.resolution is not None and _same(action, outcome, verdict):
+        return False  # identical re-delivery of a resolution already recorded
+    raise ResolutionConflictError(
+        f"action {action_id} is {action.state}, not uncertain"
+        + (f" (already resolved by {action.resolution.get('actor')!r})"
+           if action.resolution else "") + "; a second resolution is rejected",
+        node_id=action.node_id)
+
+
+async def _superseded(store: DurableTaskStore, key: str, action_id: str,
+                      outcome: ActionOutcome | Absent, verdict: str) -> None:
+    """After our commit lost the lease: return if what we meant is recorded now, else raise
+    the conflict, or a retryable one while the action is still uncertain."""
+    snapshot = await _snapshot(store, key)
+    if not _unresolved(snapshot, action_id, outcome, verdict):
+        return
+    owner = snapshot.header.lease.owner if snapshot.header.lease is not None else ""
+    if owner.startswith("operator:"):
+        what = (f"another resolution of task {key!r} by {owner.removeprefix('operator:')!r} "
+                "is in progress")
+    else:  # it has finished already (or a worker took the lease after ours expired)
+        what = (f"the lease of task {key!r} was taken (by another resolution or a worker) "
+                "while this one was in progress")
+    raise ResolutionConflictError(
+        f"{what}, so this resolution of action {action_id} was not recorded; inspect the "
+        "task and, if the action is still uncertain, resolve it again",
+        node_id=snapshot.actions[action_id].node_id,
+        details={"key": key, "action_id": action_id, "retryable": True})
+
+
+async def _steps(store: DurableTaskStore, snapshot: TaskSnapshot, action_id: str,
+                 outcome: ActionOutcome | Absent, verdict: str, actor: str, fence: int,
+                 now: datetime) -> tuple[tuple[Step, ...], dict[str, str]]:
+    """The steps (and blobs) that record the resolution of the uncertain ``action_id``."""
+    key = snapshot.header.key
+    action = snapshot.actions[action_id]
     resolution = {"actor": actor, "verdict": verdict, "at": now.isoformat()}
     steps: list[Step] = []
     blobs: dict[str, str] = {}
-    try:
-        if isinstance(outcome, ActionOutcome):
-            text = _checked_output(snapshot.header.key, action, outcome, await
-                                   store.get_identity(key))
-            out_digest = digest_text(text)
-            blobs[out_digest] = text
-            steps.append(RecordAction(action=action.model_copy(update={
-                "state": "confirmed", "outcome_digest": out_digest,
-                "outcome_source": "operator", "result_ref_returned": outcome.result_ref,
-                "resolution": resolution, "fence": grant.fence})))
+    if isinstance(outcome, ActionOutcome):
+        text = _checked_output(key, action, outcome, await store.get_identity(key))
+        out_digest = digest_text(text)
+        blobs[out_digest] = text
+        steps.append(RecordAction(action=action.model_copy(update={
+            "state": "confirmed", "outcome_digest": out_digest,
+            "outcome_source": "operator", "result_ref_returned": outcome.result_ref,
+            "resolution": resolution, "fence": fence})))
+        if _own_effect(snapshot.nodes.get(action.node_id), action):
             steps.append(SettleNode(node_id=action.node_id, state="completed",
                                     output_digest=out_digest))
         else:
-            steps.append(RecordAction(action=action.model_copy(update={
-                "state": "intent", "resolution": resolution, "fence": grant.fence,
-                "reason": f"operator {actor} attested the effect is absent"})))
+            # A call made inside the node (an agent's tool call): the output is that call's
+            # receipt, not the node's; the node runs again and reuses it without dispatch.
             steps.append(ReopenNode(node_id=action.node_id,
-                                    reason=f"action {action_id} attested absent by {actor}"))
-        others = [a for a in snapshot.actions.values()
-                  if a.state == "uncertain" and a.action_id != action_id]
-        if others:
-            steps.append(SetStatus(status="recovery_required", release_lease=True,
-                                   error=snapshot.header.error))
-        else:
-            steps.append(SetStatus(status="pending", release_lease=True))
-        await store.commit(CommitRequest(key=key, worker_id=worker, fence=grant.fence,
-                                         now=now, steps=tuple(steps), blobs=blobs))
-    except BaseException:
-        with contextlib.suppress(StaleFenceError, StoreError):
-            await store.release_lease(ReleaseLeaseRequest(key=key, worker_id=worker,
-                                                          fence=grant.fence, now=clock()))
-        raise
+                                    reason=f"action {action_id} resolved by {actor}; the "
+                                    "node resumes with its receipt"))
+    else:
+        steps.append(RecordAction(action=action.model_copy(update={
+            "state": "intent", "resolution": resolution, "fence": fence,
+            "reason": f"operator {actor} attested the effect is absent"})))
+        steps.append(ReopenNode(node_id=action.node_id,
+                                reason=f"action {action_id} attested absent by {actor}"))
+    others = sorted(a.action_id for a in snapshot.actions.values()
+                    if a.state == "uncertain" and a.action_id != action_id)
+    if others:
+        # Name only what is still uncertain (the error run raises until it is resolved).
+        error = DurableRecoveryRequiredError(key, others)
+        steps.append(SetStatus(status="recovery_required", release_lease=True,
+                               error=ErrorInfo(code=error.code, message=str(error),
+                                               details={"action_ids": others})))
+    else:
+        steps.append(SetStatus(status="pending", release_lease=True))
+    return tuple(steps), blobs
+
+
+def _own_effect(node: NodeRecord | None, action: ActionRecord) -> bool:
+    """Whether the action is its node's own effect (a tool node of the action's binding),
+    so that its output is the node's output. (A missing node is left to the state machine,
+    which refuses to settle it.)"""
+    return node is None or (node.kind == "tool" and (node.binding, node.version) == (
+        action.origin.get("binding"), action.origin.get("binding_version")))
 
 
 def _same(action: ActionRecord, outcome: ActionOutcome | Absent, verdict: str) -> bool:
