@@ -14,6 +14,7 @@ from agentium_graph import (
     ActionOutcome,
     Agent,
     AgentBinding,
+    ConfigurationError,
     DurableRecoveryRequiredError,
     ExecutionGraphProgram,
     ExecutionGraphRuntime,
@@ -304,3 +305,48 @@ async def test_after_one_resolution_run_names_only_the_still_uncertain_action() 
     assert done not in str(info.value)
     view = await rt.resolve_action("k", left, Absent(), actor="op")
     assert view.status == "pending" and view.error is None
+
+
+class AliceHoldsTheLease(InMemoryDurableTaskStore):
+    """Alice's commit waits until bob has tried to take the lease alice holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bob_tried = asyncio.Event()
+
+    async def acquire_lease(self, request: AcquireLeaseRequest) -> LeaseGrant:
+        try:
+            return await super().acquire_lease(request)
+        finally:
+            if request.worker_id == "operator:bob":
+                self.bob_tried.set()
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        if request.worker_id == "operator:alice":
+            await self.bob_tried.wait()
+        return await super().commit(request)
+
+
+async def test_a_resolution_meeting_another_operators_lease_is_told_to_retry() -> None:
+    store = AliceHoldsTheLease()
+    rt = runtime(HostCatalog([pay(LostReplies())]), store)
+    [aid] = await stuck(rt, [PAY])
+    first, second = await asyncio.wait_for(asyncio.gather(
+        rt.resolve_action("k", aid, Absent(), actor="alice"),
+        rt.resolve_action("k", aid, Absent(), actor="bob"), return_exceptions=True), 10)
+    assert not isinstance(first, BaseException), first
+    assert isinstance(second, ResolutionConflictError), second  # not LeaseHeldError
+    assert second.details["retryable"] is True and "'alice' is in progress" in str(second)
+    # Retrying once alice's resolution is recorded: the same attestation is a no-op.
+    await rt.resolve_action("k", aid, Absent(), actor="bob")
+    [action] = (await rt.inspect("k")).actions
+    assert action.resolution is not None and action.resolution["actor"] == "alice"
+
+
+@pytest.mark.parametrize("actor", ["", "   ", "\t"])
+async def test_a_blank_actor_is_refused(actor: str) -> None:
+    rt = runtime(HostCatalog([pay(LostReplies())]), InMemoryDurableTaskStore())
+    [aid] = await stuck(rt, [PAY])
+    with pytest.raises(ConfigurationError, match="actor"):
+        await rt.resolve_action("k", aid, Absent(), actor=actor)
+    assert (await rt.inspect("k")).actions[0].resolution is None

@@ -27,6 +27,7 @@ from agentium_graph.errors import (
     ConfigurationError,
     DurableRecoveryRequiredError,
     ErrorInfo,
+    LeaseHeldError,
     ResolutionConflictError,
     StaleFenceError,
     StoreError,
@@ -49,8 +50,9 @@ from agentium_graph.store._requests import (
 async def resolve_action(store: DurableTaskStore, key: str, action_id: str,
                          outcome: ActionOutcome | Absent, *, actor: str,
                          clock: Callable[[], datetime], lease_ttl: float = 15.0) -> None:
-    if not actor:
-        raise ConfigurationError("resolve_action needs actor=... (who attests the outcome)")
+    if not isinstance(actor, str) or not actor.strip():
+        raise ConfigurationError("resolve_action needs actor=... (who attests the outcome): "
+                                 "a non-blank name the journal records")
     if not isinstance(outcome, ActionOutcome | Absent):
         raise ConfigurationError("outcome must be ActionOutcome(...) or Absent()")
     verdict = "absent" if isinstance(outcome, Absent) else "outcome"
@@ -58,8 +60,21 @@ async def resolve_action(store: DurableTaskStore, key: str, action_id: str,
     if not _unresolved(await _snapshot(store, key), action_id, outcome, verdict):
         return
     worker = f"operator:{actor}"
-    grant = await store.acquire_lease(AcquireLeaseRequest(key=key, worker_id=worker,
-                                                          ttl_seconds=lease_ttl, now=clock()))
+    try:
+        grant = await store.acquire_lease(AcquireLeaseRequest(
+            key=key, worker_id=worker, ttl_seconds=lease_ttl, now=clock()))
+    except LeaseHeldError as exc:
+        if not exc.holder.startswith("operator:"):
+            raise  # a worker runs the task: retry once its run has ended
+        snapshot = await _snapshot(store, key)
+        if not _unresolved(snapshot, action_id, outcome, verdict):
+            return
+        raise ResolutionConflictError(
+            f"another resolution of task {key!r} by "
+            f"{exc.holder.removeprefix('operator:')!r} is in progress, so this resolution of "
+            f"action {action_id} was not recorded; inspect the task and, if the action is "
+            "still uncertain, resolve it again", node_id=snapshot.actions[action_id].node_id,
+            details={"key": key, "action_id": action_id, "retryable": True}) from None
     committed = False
     try:
         # Decide on a read made under the lease: a concurrent resolution may have committed
