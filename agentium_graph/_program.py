@@ -22,10 +22,33 @@ from agentium_graph._schemarefs import check_refs, local_registry
 from agentium_graph.errors import ConfigurationError, config_error, positional
 
 
-class PlanLimits(BaseModel):
-    """Bounds on one plan; the host sets them, a planner's proposals never change them."""
+class ConfigModel(BaseModel):
+    """Public configuration: frozen, no unknown fields, and invalid values raise
+    :class:`~agentium_graph.errors.ConfigurationError` naming the field (never pydantic's
+    ``ValidationError``). Nested use (a dict given for a field of another model) is
+    validated, and reported, by the outer model."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def __init__(self, /, *args: Any, **data: Any) -> None:
+        if args:
+            raise ConfigurationError(keywords_only(type(self), len(args)))
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise config_error(type(self).__name__, data, exc) from None
+
+
+def keywords_only(cls: type[BaseModel], given: int) -> str:
+    """The message for positional arguments given to a keyword-only public model."""
+    name = cls.__name__
+    fields = ", ".join(f"{f}=..." for f in cls.model_fields) or ""
+    return (f"{name} takes keyword arguments only ({name}({fields})), got {given} "
+            "positional argument(s); name each value")
+
+
+class PlanLimits(ConfigModel):
+    """Bounds on one plan; the host sets them, a planner's proposals never change them."""
 
     max_bytes: int = Field(default=128_000, ge=64)
     max_nodes: int = Field(default=100, ge=1)
@@ -33,8 +56,8 @@ class PlanLimits(BaseModel):
     max_concurrency: int = Field(default=5, ge=1)
 
 
-class StreamLimits(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class StreamLimits(ConfigModel):
+    """Bounds on a streaming planner's output (``PlannerConfig(mode="stream", stream=...)``)."""
 
     max_frame_bytes: int = Field(default=64_000, ge=64)
     max_total_bytes: int = Field(default=512_000, ge=64)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from agentium_graph.errors import positional
+from agentium_graph.errors import ConfigurationError, config_error, positional
 
 
 class ActionRequest(BaseModel):
@@ -39,13 +39,24 @@ class ActionOutcome(BaseModel):
 
     def __init__(self, /, *args: Any, **data: Any) -> None:
         """``ActionOutcome(output, result_ref)``, by position or by name."""
-        super().__init__(**positional("ActionOutcome", ("output", "result_ref"), args, data))
+        positional("ActionOutcome", ("output", "result_ref"), args, data)
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise config_error("ActionOutcome", data, exc) from None
 
 
 class Absent(BaseModel):
     """The connector proves the action never took effect (safe to dispatch again)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def __init__(self, /, *args: Any, **data: Any) -> None:
+        if args or data:
+            raise ConfigurationError(f"Absent() takes no arguments, got {len(args)} "
+                                     f"positional and {sorted(data)}; to say why the outcome "
+                                     "is not known use Unknown(reason)")
+        super().__init__()
 
 
 class Unknown(BaseModel):
@@ -56,7 +67,11 @@ class Unknown(BaseModel):
     reason: str = ""
 
     def __init__(self, /, *args: Any, **data: Any) -> None:
-        super().__init__(**positional("Unknown", ("reason",), args, data))
+        positional("Unknown", ("reason",), args, data)
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise config_error("Unknown", data, exc) from None
 
 
 @runtime_checkable

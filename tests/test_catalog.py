@@ -275,7 +275,7 @@ def test_agent_unknown_features_rejected() -> None:
 
 def test_agent_naming_unknown_tools_rejected() -> None:
     agent = AgentBinding(id="writer", version="1",
-                         agent=Agent(provider=object(), instructions="w",
+                         agent=Agent(provider=ScriptedProvider([]), instructions="w",
                                      tools=("lookup", "nope")))
     with pytest.raises(ConfigurationError) as info:
         HostCatalog([pure(id="lookup"), agent])
@@ -286,14 +286,16 @@ def test_agent_naming_unknown_tools_rejected() -> None:
 def test_agent_tools_must_be_tool_bindings() -> None:
     inner = ExecutionGraphProgram(id="g", version="1", plan=plan())
     agent = AgentBinding(id="writer", version="1",
-                         agent=Agent(provider=object(), instructions="w", tools=("sub",)))
+                         agent=Agent(provider=ScriptedProvider([]), instructions="w",
+                                     tools=("sub",)))
     with pytest.raises(ConfigurationError, match="'sub'"):
         HostCatalog([GraphBinding(id="sub", version="1", program=inner), agent])
 
 
 def test_agent_with_known_tools_accepted_and_described() -> None:
     agent = AgentBinding(id="writer", version="1",
-                         agent=Agent(provider=object(), instructions="w", tools=("lookup",)))
+                         agent=Agent(provider=ScriptedProvider([]), instructions="w",
+                                     tools=("lookup",)))
     catalog = HostCatalog([pure(id="lookup"), agent])
     d = catalog.descriptor("writer", "1")
     assert d is not None and d.kind == "agent" and d.tools == ("lookup",)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -82,6 +83,17 @@ def _compile(schema: Mapping[str, Any], where: str) -> tuple[Validator, Predicat
     # unknown checker counts as asserting, which leaves "format" to jsonschema).
     checker = getattr(validator, "format_checker", validator)
     return validator, compile_fast(own, cls, format_checker=checker)
+
+
+def is_async_callable(fn: Any) -> bool:
+    """Whether calling ``fn`` gives an awaitable by declaration: an ``async def`` function
+    or method (also through ``functools.partial``), or an object with ``async def
+    __call__``."""
+    if inspect.iscoroutinefunction(fn):
+        return True
+    if not callable(fn) or inspect.isroutine(fn) or isinstance(fn, type):
+        return False
+    return inspect.iscoroutinefunction(type(fn).__call__)  # a callable object
 
 
 def _path_key(error: SchemaViolation) -> list[str | int]:
@@ -216,6 +228,15 @@ class ToolBinding(_BindingBase):
                 if not hasattr(self.connector, attr):
                     raise ValueError(f"tool {self.id!r}: connector lacks {attr!r}; it must "
                                      "implement DurableActionConnector")
+            for method in ("dispatch", "resolve_result"):
+                # The runtime awaits both: a plain def would run the effect and then fail
+                # the node (after the fact) instead of being refused here.
+                if not is_async_callable(getattr(self.connector, method)):
+                    raise ValueError(
+                        f"tool {self.id!r}: connector {getattr(self.connector, 'id', None)!r} "
+                        f"({type(self.connector).__name__}) has a {method} that is not a "
+                        f"coroutine function; declare it 'async def {method}(...)' as "
+                        "DurableActionConnector requires")
             if self.execute is not None:
                 raise ValueError(f"tool {self.id!r}: effects go through the connector; "
                                  "an execute= callback cannot be combined with connector=")
@@ -278,6 +299,15 @@ class Agent(BaseModel):
             if getattr(self, name):
                 raise ValueError(f"agent {self.name!r}: {name} are not supported in durable "
                                  "graphs; remove them")
+        # As PlannerConfig does: the method the agent will call must exist now, not fail
+        # the node at run time.
+        method = "stream" if self.stream else "complete"
+        if not callable(getattr(self.provider, method, None)):
+            raise ValueError(
+                f"provider {type(self.provider).__name__} has no "
+                f"{method}() method; stream={self.stream} needs a ModelProvider (e.g. "
+                "agentium_graph.providers.ScriptedProvider, or an object with async "
+                "complete() and stream())")
         return self
 
 
@@ -320,6 +350,17 @@ class RepeatBinding(_BindingBase):
         """``RepeatBinding(program, max_iterations, condition=..., id=..., version=...)``."""
         super().__init__(**positional("RepeatBinding", ("program", "max_iterations"), args,
                                       data))
+
+    @model_validator(mode="after")
+    def _sync_condition(self) -> RepeatBinding:
+        # An async condition's coroutine would never be awaited and would count as true.
+        if is_async_callable(self.condition) or \
+                inspect.isasyncgenfunction(self.condition):
+            raise ValueError(
+                "condition is an async function; the guard must be a "
+                "plain, pure 'def condition(...) -> bool' (do async work in a node of the "
+                "repeated program instead)")
+        return self
 
     def _descriptor_extra(self) -> dict[str, Any]:
         return {"program": self.program.descriptor(), "max_iterations": self.max_iterations}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from agentium_graph._canonical import digest
@@ -13,6 +13,7 @@ from agentium_graph.catalog._bindings import (
     GraphBinding,
     RepeatBinding,
     ToolBinding,
+    _BindingBase,
 )
 from agentium_graph.errors import ConfigurationError, PlanValidationError
 
@@ -31,6 +32,15 @@ class HostCatalog:
 
     def __init__(self, bindings: Iterable[Binding]) -> None:
         self._bindings: dict[tuple[str, str], Binding] = {}
+        if isinstance(bindings, _BindingBase):
+            raise ConfigurationError(
+                f"HostCatalog takes a list of bindings, not one {type(bindings).__name__}: "
+                "wrap it, HostCatalog([binding])")
+        if isinstance(bindings, str | bytes | Mapping) or not isinstance(bindings, Iterable):
+            raise ConfigurationError(
+                f"HostCatalog takes a list of bindings (ToolBinding, AgentBinding, "
+                f"GraphBinding, RepeatBinding), not {type(bindings).__name__}; pass "
+                "HostCatalog([binding, ...])")
         for binding in bindings:
             if not isinstance(binding, ToolBinding | AgentBinding | GraphBinding | RepeatBinding):
                 raise ConfigurationError(

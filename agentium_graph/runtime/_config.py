@@ -2,21 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pydantic import Field
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from agentium_graph.errors import config_error
-
-
-class _Config(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    def __init__(self, /, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise config_error(type(self).__name__, data, exc) from None
+from agentium_graph._program import ConfigModel as _Config
 
 
 class RootLimits(_Config):

@@ -7,7 +7,7 @@ import base64
 import binascii
 import json
 import logging
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -84,14 +84,20 @@ from agentium_graph.store._records import (
 from agentium_graph.store._requests import (
     AcquireLeaseRequest,
     CancelTaskRequest,
+    CommitRequest,
     CreateTaskRequest,
     LeaseGrant,
     ReleaseLeaseRequest,
+    SetStatus,
+    SettleNode,
+    Step,
     TimelineRequest,
 )
+from agentium_graph.store._transitions import TERMINAL_NODE
 
 log = logging.getLogger("agentium_graph.runtime")
 T = TypeVar("T")
+M = TypeVar("M", RootLimits, Budgets)
 
 _CURSOR_PREFIX = "agt1:"
 # How much a runtime remembers of tasks it created (identities; header and nodes as written)
@@ -130,7 +136,8 @@ class ExecutionGraphRuntime:
     """
 
     def __init__(self, *, catalog: HostCatalog, store: DurableTaskStore | None = None,
-                 require_durable: bool = False, limits: RootLimits | None = None,
+                 require_durable: bool = False,
+                 limits: RootLimits | Mapping[str, int] | None = None,
                  on_admission: Callable[[AdmissionEvent], None] | None = None,
                  lease_ttl: float = 15.0, poll_interval: float = 1.0,
                  clock: Callable[[], datetime] | None = None,
@@ -138,8 +145,35 @@ class ExecutionGraphRuntime:
                  lookup_timeout: float = 10.0, lookup_attempts: int = 3,
                  programs: Iterable[ExecutionGraphProgram] = ()) -> None:
         if not isinstance(catalog, HostCatalog):
-            raise ConfigurationError("catalog must be a HostCatalog")
+            raise ConfigurationError(f"catalog must be a HostCatalog, not "
+                                     f"{type(catalog).__name__}; pass HostCatalog([...])")
         self.catalog = catalog
+        if store is not None and (isinstance(store, type) or
+                                  not isinstance(store, DurableTaskStore)):
+            raise ConfigurationError(
+                f"store must implement the DurableTaskStore protocol, not "
+                f"{_kind(store)}; pass a store instance (InMemoryDurableTaskStore(), "
+                "SQLiteDurableTaskStore(path), MongoDBDurableTaskStore(uri)) or omit it")
+        if not isinstance(require_durable, bool):
+            raise ConfigurationError(f"require_durable must be True or False, not "
+                                     f"{_kind(require_durable)}")
+        for name, value in (("lease_ttl", lease_ttl), ("poll_interval", poll_interval),
+                            ("effect_timeout", effect_timeout),
+                            ("lookup_timeout", lookup_timeout)):
+            if not _is_number(value):
+                raise ConfigurationError(f"{name} must be a number of seconds, not "
+                                         f"{_kind(value)}")
+        if not isinstance(lookup_attempts, int) or isinstance(lookup_attempts, bool):
+            raise ConfigurationError(f"lookup_attempts must be an int between 1 and 10, not "
+                                     f"{_kind(lookup_attempts)}")
+        for name, fn in (("clock", clock), ("on_admission", on_admission)):
+            if fn is not None and not callable(fn):
+                raise ConfigurationError(f"{name} must be a callable or None, not {_kind(fn)}")
+        _check_policy_revision(policy_revision)
+        if isinstance(programs, ExecutionGraphProgram) or not isinstance(programs, Iterable):
+            raise ConfigurationError(
+                f"programs must be a list of ExecutionGraphProgram, not {_kind(programs)}; "
+                "pass programs=[program, ...]")
         # Planner programs this runtime can run, by (id, version): a planner's provider is
         # code, so a worker that recovers a planned task must be given its program.
         self._programs: dict[tuple[str, str], ExecutionGraphProgram] = {}
@@ -154,7 +188,7 @@ class ExecutionGraphRuntime:
             raise ConfigurationError("lease_ttl must be in (0, 30] seconds")
         if not 0 < poll_interval < lease_ttl:
             raise ConfigurationError("poll_interval must be positive and below lease_ttl")
-        self.limits = limits or RootLimits()
+        self.limits = _root_limits(limits, RootLimits())
         self.on_admission = on_admission
         self.lease_ttl = lease_ttl
         self.poll_interval = poll_interval
@@ -181,17 +215,24 @@ class ExecutionGraphRuntime:
 
     # --- create ---------------------------------------------------------------------
     async def create(self, key: str, program: ExecutionGraphProgram, *, input: Any = None,
-                     budgets: Budgets | None = None, grants: Iterable[str] | None = None,
+                     budgets: Budgets | Mapping[str, int | None] | None = None,
+                     grants: Iterable[str] | None = None,
                      deadline: datetime | timedelta | None = None,
-                     limits: RootLimits | None = None,
+                     limits: RootLimits | Mapping[str, int] | None = None,
                      policy_revision: str | None = None) -> TaskView:
-        """Validate the whole plan, pin the task's identity and store it (idempotently)."""
+        """Validate the whole plan, pin the task's identity and store it (idempotently).
+
+        ``budgets`` and ``limits`` may be given as dicts of their fields; ``grants`` is a
+        list of binding ids (``None``: every binding of the catalog)."""
         _check_key(key)
         if not isinstance(program, ExecutionGraphProgram):
-            raise ConfigurationError("program must be an ExecutionGraphProgram")
-        limits = limits or self.limits
-        budgets = budgets or Budgets()
-        grant_list = None if grants is None else tuple(sorted(set(grants)))
+            raise ConfigurationError(f"program must be an ExecutionGraphProgram, not "
+                                     f"{_kind(program)}")
+        limits = _root_limits(limits, self.limits)
+        budgets = _budgets(budgets)
+        grant_list = _grants(grants)
+        if policy_revision is not None:
+            _check_policy_revision(policy_revision)
         # One checked canonical encoding of the plan gives both its digest and the
         # identity's private copy of it.
         plan_text = None if program.plan is None else canonical_json(program.plan)
@@ -473,11 +514,17 @@ class ExecutionGraphRuntime:
     async def cancel(self, key: str, reason: str) -> TaskView:
         """Persist a cancel request; the lease holder observes it and stops cooperatively.
 
-        A task nobody is running is canceled at once.
+        A task nobody is running is canceled at once, including one in
+        ``recovery_required``: its open nodes become ``canceled`` and its uncertain actions
+        stay ``uncertain`` in the ledger (append-only evidence, listed by ``inspect``),
+        so check their destinations; nothing is dispatched or looked up. A task another
+        worker holds the lease of is canceled by that worker (or by whoever runs it next).
+        Canceling an ended task changes nothing; the first reason recorded wins.
         """
         _check_key(key)
-        if not reason:
-            raise ConfigurationError("cancel needs a reason")
+        if not isinstance(reason, str) or not reason:
+            raise ConfigurationError(f"cancel needs a reason: a non-empty string, not "
+                                     f"{_kind(reason)}")
         await self._header(key)
         self._forget_fresh(key)  # a run started from create's state would not see it
         header = await self.store.request_cancel(CancelTaskRequest(key=key, reason=reason,
@@ -485,15 +532,66 @@ class ExecutionGraphRuntime:
         run = self._active.get(key)
         if run is not None:
             run.request_cancel(reason)
-        elif header.status not in ("completed", "failed", "canceled") and (
-                header.lease is None or header.lease.expires_at <= self.clock()):
+            return await self.inspect(key)
+        if header.status == "recovery_required" and self._lease_free(header):
+            if await self._cancel_stopped(key):
+                return await self.inspect(key)
+            header = await self._header(key)  # resolved meanwhile: cancel it as any other
+        if header.status not in ("completed", "failed", "canceled", "recovery_required") and \
+                self._lease_free(header):
             try:
                 await self.run(key, worker_id=f"canceler:{key}")
             except TaskCanceledError:
                 pass
-            except (LeaseHeldError, DescriptorMismatchError, ConfigurationError) as exc:
+            except (LeaseHeldError, DescriptorMismatchError, ConfigurationError,
+                    DurableRecoveryRequiredError) as exc:
                 log.info("task %s: cancel recorded; a worker will apply it (%s)", key, exc)
         return await self.inspect(key)
+
+    def _lease_free(self, header: TaskHeader) -> bool:
+        return header.lease is None or header.lease.expires_at <= self.clock()
+
+    async def _cancel_stopped(self, key: str) -> bool:
+        """Cancel a ``recovery_required`` task under its lease in one commit, without
+        running it (a run would stop at its uncertain actions). False when the task is no
+        longer ``recovery_required`` (an operator resolved it meanwhile); True otherwise,
+        also when another worker took the lease (the cancel request stays for it)."""
+        worker = f"canceler:{key}"
+        try:
+            grant = await self.store.acquire_lease(AcquireLeaseRequest(
+                key=key, worker_id=worker, ttl_seconds=self.lease_ttl, now=self.clock(),
+                snapshot=True))
+        except (LeaseHeldError, InvalidTransitionError) as exc:
+            log.info("task %s: cancel recorded; a worker will apply it (%s)", key, exc)
+            return True
+        try:
+            snapshot = grant.snapshot or await self.store.get_task(key)
+            assert snapshot is not None
+            if snapshot.header.status != "recovery_required":
+                await self._release_quietly(key, worker, grant.fence)
+                return False
+            cancel = snapshot.header.cancel
+            why = cancel.reason if cancel is not None else "canceled"
+            stuck = sorted(a.action_id for a in snapshot.actions.values()
+                           if a.state == "uncertain")
+            info = TaskCanceledError(
+                f"task {key!r} was canceled: {why}"
+                + (f"; the outcome of action(s) {', '.join(stuck)} stays unknown, so check "
+                   "their destinations" if stuck else ""),
+                details={"reason": why, "uncertain_actions": stuck}).to_info()
+            steps: list[Step] = [SettleNode(node_id=node_id, state="canceled", error=info)
+                                 for node_id, rec in sorted(snapshot.nodes.items())
+                                 if rec.state not in TERMINAL_NODE]
+            steps.append(SetStatus(status="canceled", error=info, release_lease=True))
+            await self.store.commit(CommitRequest(key=key, worker_id=worker,
+                                                  fence=grant.fence, now=self.clock(),
+                                                  steps=tuple(steps)))
+        except StaleFenceError as exc:
+            log.info("task %s: cancel recorded; a worker will apply it (%s)", key, exc)
+        except BaseException:
+            await self._release_quietly(key, worker, grant.fence)
+            raise
+        return True
 
     async def resolve_action(self, key: str, action_id: str,
                              outcome: ActionOutcome | Absent, *, actor: str) -> TaskView:
@@ -706,6 +804,74 @@ def error_from_info(key: str, info: ErrorInfo | None) -> Exception:
         return PlannerFailedError(info.message, details=info.details)
     return node_error(info, f"task {key!r} failed at node {info.node_id!r}: {info.message}",
                       info.node_id)
+
+
+def _kind(value: object) -> str:
+    """How an error names a wrong value: its type (and the value when it is short)."""
+    if isinstance(value, type):
+        return f"the class {value.__name__} (pass an instance)"
+    text = repr(value)
+    return f"{type(value).__name__} {text}" if len(text) <= 40 else type(value).__name__
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_policy_revision(value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(f"policy_revision must be a non-empty string (e.g. '2'), "
+                                 f"not {_kind(value)}")
+
+
+def _root_limits(value: object, default: RootLimits) -> RootLimits:
+    """``limits=``: a RootLimits, a dict of its fields (validated into one), or None."""
+    if value is None:
+        return default
+    if isinstance(value, RootLimits):
+        return value
+    if isinstance(value, Mapping):
+        return _from_dict(RootLimits, "limits", value)
+    raise ConfigurationError(f"limits must be RootLimits(...), a dict of its fields or None, "
+                             f"not {_kind(value)}")
+
+
+def _from_dict(cls: type[M], name: str, value: Mapping[Any, Any]) -> M:
+    try:
+        return cls(**{str(k): v for k, v in value.items()})
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{name}: {exc} (a dict given as {name} takes the fields "
+                                 f"of {cls.__name__}: {', '.join(cls.model_fields)})") from None
+
+
+def _budgets(value: object) -> Budgets:
+    """``budgets=``: a Budgets, a dict of its fields (validated into one), or None."""
+    if value is None:
+        return Budgets()
+    if isinstance(value, Budgets):
+        return value
+    if isinstance(value, Mapping):
+        return _from_dict(Budgets, "budgets", value)
+    raise ConfigurationError(f"budgets must be Budgets(...), a dict of its fields or None, "
+                             f"not {_kind(value)}")
+
+
+def _grants(value: object) -> tuple[str, ...] | None:
+    """``grants=``: None (every binding) or a list of binding ids, sorted and unique."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        raise ConfigurationError(f"grants must be a list of binding ids, not a string; pass "
+                                 f"grants=[{value!r}]")
+    if isinstance(value, bytes | Mapping) or not isinstance(value, Iterable):
+        raise ConfigurationError(f"grants must be a list of binding ids (or None for every "
+                                 f"binding), not {_kind(value)}")
+    ids = list(value)
+    bad = [g for g in ids if not isinstance(g, str) or not g]
+    if bad:
+        raise ConfigurationError(f"grants must be a list of binding ids, each a non-empty "
+                                 f"string; {_kind(bad[0])} is not one")
+    return tuple(sorted(set(ids)))
 
 
 def _check_key(key: str) -> None:

@@ -153,8 +153,14 @@ class HttpActionConnector:
         200 with a JSON body -> ``ActionOutcome``; 404 -> ``Absent()`` (the server never
         accepted the key); anything else (other statuses, a malformed body, a timeout after
         ``lookup_timeout_s``, a connection failure) -> ``Unknown(reason=...)``, after up to
-        ``lookup_attempts`` tries. ``asyncio.CancelledError`` propagates.
+        ``lookup_attempts`` tries. A ``result_ref`` that is not a string or not a valid
+        idempotency key is ``Unknown`` at once (nothing is sent). ``asyncio.CancelledError``
+        propagates.
         """
+        if not isinstance(result_ref, str):
+            # Lookups never raise: a ref of the wrong type cannot have been sent either.
+            return Unknown(reason=f"result_ref must be a string (the action id), not "
+                           f"{type(result_ref).__name__}, so this connector never sent it")
         if not valid_key(result_ref):
             return Unknown(reason=f"result_ref {result_ref[:80]!r} is not a valid "
                            "idempotency key, so this connector never sent it")
