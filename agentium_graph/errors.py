@@ -310,8 +310,11 @@ def positional(kind: str, names: tuple[str, ...], args: tuple[Any, ...],
 
 def config_error(kind: str, data: Mapping[str, Any], exc: ValidationError) -> ConfigurationError:
     """Turn a pydantic validation failure of public config into a ConfigurationError."""
-    problems = "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or kind}: {e['msg'].removeprefix('Value error, ')}"
-        for e in exc.errors())
+    def one(e: Any) -> str:
+        where = ".".join(str(p) for p in e["loc"])
+        message: str = e["msg"].removeprefix("Value error, ")
+        return f"{where}: {message}" if where else message  # the kind is named once, below
+
+    problems = "; ".join(one(e) for e in exc.errors())
     name = data.get("id") or data.get("name")
     return ConfigurationError(f"invalid {kind}{' ' + repr(name) if name else ''}: {problems}")

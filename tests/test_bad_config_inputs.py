@@ -28,6 +28,7 @@ from agentium_graph import (
     PlannerConfig,
     RepeatBinding,
     RootLimits,
+    StoreCapabilities,
     StreamLimits,
     TaskCanceledError,
     ToolBinding,
@@ -194,6 +195,9 @@ def test_host_catalog_says_to_wrap_a_single_binding() -> None:
     (lambda: ActionOutcome(output=1, result_ref="r", extra=1), "extra"),
     (lambda: Unknown(5), "reason"),
     (lambda: Unknown(reason=None), "reason"),
+    (lambda: StoreCapabilities(), "durable"),
+    (lambda: StoreCapabilities(durable="maybe"), "durable"),
+    (lambda: StoreCapabilities(durable=True, shards=3), "shards"),
 ])
 def test_public_models_raise_configuration_errors(make: Any, field: str) -> None:
     with pytest.raises(ConfigurationError) as info:
@@ -205,6 +209,7 @@ def test_public_models_keep_their_forms_and_nested_validation() -> None:
     assert ActionOutcome({"a": 1}, "ref") == ActionOutcome(output={"a": 1}, result_ref="ref")
     assert Unknown("down").reason == "down" and Unknown().reason == ""
     assert PlanLimits(max_nodes=3).max_nodes == 3
+    assert StoreCapabilities(durable=True).durable is True
     assert StreamLimits(max_frames=2).max_frames == 2
     # Limits given as dicts inside a program are validated (and wrapped) by the program.
     prog = ExecutionGraphProgram(id="p", version="1", plan=chain_plan(1),
@@ -390,3 +395,10 @@ def test_planner_config_still_checks_its_provider() -> None:
         PlannerConfig(provider=object(), host_instructions="x")
     with pytest.raises(ConfigurationError, match=r"complete\(\)"):
         AgentBinding(id="a", version="1", agent=Agent(provider=object(), instructions="x"))
+
+
+def test_a_model_level_problem_names_the_kind_once() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        Agent(provider=None, instructions="x")
+    message = _config_error(info)
+    assert message.startswith("invalid Agent: provider") and "Agent: Agent" not in message

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentium_graph._program import ConfigModel
 from agentium_graph.errors import ErrorInfo
 from agentium_graph.store._records import (
     ActionRecord,
@@ -29,7 +30,7 @@ class _Req(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class StoreCapabilities(_Req):
+class StoreCapabilities(ConfigModel):
     """What a store promises. ``durable``: acknowledged writes survive process loss."""
 
     durable: bool
