@@ -402,3 +402,42 @@ def test_a_model_level_problem_names_the_kind_once() -> None:
         Agent(provider=None, instructions="x")
     message = _config_error(info)
     assert message.startswith("invalid Agent: provider") and "Agent: Agent" not in message
+
+
+# --- text no store can hold ----------------------------------------------------------------
+
+BAD_TEXT = "x\udcff"  # what undecodable bytes of a command line argument become
+
+
+async def test_text_that_is_not_unicode_is_refused_by_name() -> None:
+    rt = ExecutionGraphRuntime(catalog=make_catalog(Calls()))
+    await rt.create("k", program(chain_plan(1)))
+    for call, what in [
+            (lambda: rt.create(BAD_TEXT, program(chain_plan(1))), "task key"),
+            (lambda: rt.inspect(BAD_TEXT), "task key"),
+            (lambda: rt.timeline(BAD_TEXT), "task key"),
+            (lambda: rt.run("k", worker_id=BAD_TEXT), "worker_id"),
+            (lambda: rt.cancel("k", reason=BAD_TEXT), "cancel reason"),
+            (lambda: rt.resolve_action("k", BAD_TEXT, Absent(), actor="op"), "action_id"),
+            (lambda: rt.resolve_action("k", "a", Absent(), actor=BAD_TEXT), "actor")]:
+        with pytest.raises(ConfigurationError, match=f"{what} .* not valid Unicode") as info:
+            await call()
+        _config_error(info)
+    view = await rt.inspect("k")
+    assert (view.status, view.cancel) == ("pending", None)  # nothing was written
+
+
+async def test_a_forged_cursor_beyond_any_sequence_is_refused() -> None:
+    import base64
+
+    rt = ExecutionGraphRuntime(catalog=make_catalog(Calls()))
+    await rt.create("k", program(chain_plan(2)))
+    await rt.run("k")
+    good = (await rt.timeline("k", limit=1)).next_cursor
+    assert good is not None
+    prefix, tag, seq = base64.urlsafe_b64decode(good + "=" * (-len(good) % 4)).decode() \
+        .rsplit(":", 2)
+    assert seq == "1"
+    forged = base64.urlsafe_b64encode(f"{prefix}:{tag}:{10 ** 20}".encode()).decode()
+    with pytest.raises(ConfigurationError, match="invalid timeline cursor"):
+        await rt.timeline("k", cursor=forged)

@@ -214,10 +214,18 @@ async def test_exhausted_corrections_fail_with_the_last_validation_cause(calls: 
     assert [p.data["accepted"] for p in proposals] == [False, False]
 
 
+def _ref_to(node: str, *path: str) -> dict[str, Any]:
+    return {"schemaVersion": 1, "revision": 1, "nodes": [
+        {"id": "a", "binding": "inc", "version": "1",
+         "args": {"x": {"$ref": {"node": node, "path": list(path)}}}}]}
+
+
 @pytest.mark.parametrize(("text", "code"), [
     ('{"schemaVersion": 1, "revision": 1, "nodes": [', "proposal_not_json"),
     (json.dumps({**GOOD, "revision": 2}), "revision_mismatch"),
     (json.dumps([GOOD]), "plan_shape"),
+    (json.dumps(_ref_to("$previous")), "bad_reference"),  # no iterations at the root
+    (json.dumps(_ref_to("$input", "begin")), "bad_reference_path"),  # the input has "start"
 ])
 async def test_bad_proposals_name_what_is_wrong(calls: Calls, text: str, code: str) -> None:
     provider = ScriptedProvider([turn(text)])

@@ -95,7 +95,10 @@ class HostCatalog:
                 f"{binding.kind} binding {binding.id!r} version {binding.version!r} contains "
                 f"itself through nested programs ({chain}); nested programs cannot recurse, "
                 "use a RepeatBinding for bounded loops")
-        from agentium_graph.plan._validate import validate_plan  # plan imports the catalog
+        from agentium_graph.plan._validate import (  # plan imports the catalog
+            pseudo_ref_problems,
+            validate_plan,
+        )
 
         self._visiting.append(key)
         try:
@@ -103,6 +106,9 @@ class HostCatalog:
                 binding.program.plan, self, limits=binding.program.limits,
                 subject=f"program {binding.program.id!r} of {binding.kind} binding "
                         f"{binding.id!r} version {binding.version!r}")
+            problems = pseudo_ref_problems(compiled, repeat=isinstance(binding, RepeatBinding))
+            if problems:
+                raise PlanValidationError(problems)
         except PlanValidationError as exc:
             raise ConfigurationError(
                 f"{binding.kind} binding {binding.id!r} version {binding.version!r} has an "

@@ -538,6 +538,32 @@ def _check_dependencies(node: dict[str, Any], where: str, nid: str, binding: Bin
 PSEUDO_REFS: frozenset[str] = frozenset({"$input", "$previous"})
 
 
+def pseudo_ref_problems(plan: CompiledPlan, *, repeat: bool, input_known: bool = False,
+                        input_value: Any = None) -> list[Diagnostic]:
+    """What a plan's ``$previous``/``$input`` references get wrong where that is known
+    before anything runs: ``$previous`` exists only in a repeat's program, and at the root
+    the task's input is given at create, so a ``$input`` path it lacks never resolves."""
+    problems: list[Diagnostic] = []
+    index = {node_id: i for i, node_id in enumerate(
+        n.get("id") for n in plan.raw.get("nodes", []) if isinstance(n, dict))}
+    for node_id in plan.order:
+        for r in plan.nodes[node_id].refs:
+            where = json_path(r.arg_path, f"$.nodes[{index.get(node_id, 0)}].args") + ".$ref"
+            if r.node == "$previous" and not repeat:
+                problems.append(Diagnostic(
+                    path=where + ".node", code="bad_reference", node_id=node_id,
+                    message="$previous (the previous iteration's outputs) exists only inside "
+                            "a RepeatBinding's program; refer to a node of this plan instead"))
+            elif r.node == "$input" and input_known:
+                ok, missing = _value_at(input_value, r.path)
+                if not ok:
+                    problems.append(Diagnostic(
+                        path=where + ".path", code="bad_reference_path", node_id=node_id,
+                        message=f"the task's input has no {missing!r} along {list(r.path)}; "
+                                "pass an input that has it, or fix the path"))
+    return problems
+
+
 def _covered(dotted: str, allowed: Collection[str]) -> bool:
     """Whether a dot path lies at or below one of ``allowed`` (``""`` = the whole value)."""
     return any(p == "" or dotted == p or dotted.startswith(p + ".") for p in allowed)
@@ -734,7 +760,8 @@ def resolve_args(args: Any, outputs: dict[str, Any]) -> Any:
             raise LookupError(f"{shown}: node {node!r} has no output")
         ok, missing = _value_at(outputs[node], path)
         if not ok:
-            raise LookupError(f"{shown}: the output has no {missing!r}")
+            what = {"$input": "the input", "$previous": "the previous iteration's outputs"}
+            raise LookupError(f"{shown}: {what.get(node, 'the output')} has no {missing!r}")
         # Consumers must not share (and mutate) stored outputs; those are checked JSON.
         return json_copy(missing, trusted=True)
     if isinstance(args, dict):

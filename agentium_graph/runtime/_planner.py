@@ -42,7 +42,7 @@ from agentium_graph.errors import (
     Diagnostic,
     PlanValidationError,
 )
-from agentium_graph.plan._validate import CompiledPlan
+from agentium_graph.plan._validate import CompiledPlan, pseudo_ref_problems
 from agentium_graph.providers import ModelMessage, ModelRequest, ModelResponse
 from agentium_graph.runtime._agent import (
     PLANNER_KIND,
@@ -172,7 +172,8 @@ def check_proposal(run: TaskRun, program: ExecutionGraphProgram, proposal: Any, 
                                        digest(proposal))
     except PlanValidationError as exc:
         return None, list(exc.diagnostics)
-    diags: list[Diagnostic] = []
+    diags = pseudo_ref_problems(compiled, repeat=False, input_known=True,
+                                input_value=run.task_input)
     if compiled.revision != revision:
         diags.append(Diagnostic(path="$.revision", code="revision_mismatch", message=(
             f"this plan must be revision {revision}, not {compiled.revision}")))

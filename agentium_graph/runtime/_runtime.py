@@ -49,7 +49,7 @@ from agentium_graph.errors import (
     TaskCanceledError,
     TaskNotFoundError,
 )
-from agentium_graph.plan._validate import CompiledPlan, validate_plan
+from agentium_graph.plan._validate import CompiledPlan, pseudo_ref_problems, validate_plan
 from agentium_graph.runtime._blobs import read_verified
 from agentium_graph.runtime._config import Budgets, RootLimits, counter_limits
 from agentium_graph.runtime._containers import node_record
@@ -244,6 +244,10 @@ class ExecutionGraphRuntime:
                                      str(descriptor["plan_digest"]))
         self._check_input(program, input)
         if plan is not None:
+            problems = pseudo_ref_problems(plan, repeat=False, input_known=True,
+                                           input_value=input)
+            if problems:
+                raise PlanValidationError(problems)
             used = used_bindings(plan, self.catalog)
         else:
             # A planner may propose any granted binding: the task pins them all, and its
@@ -357,8 +361,9 @@ class ExecutionGraphRuntime:
                 "run() called from inside a running tool; nested controlled dispatch is "
                 "rejected: model the work as a node of the plan instead")
         _check_key(key)
-        if not worker_id:
+        if not isinstance(worker_id, str) or not worker_id.strip():
             raise ConfigurationError("worker_id must be a non-empty string")
+        _check_text("worker_id", worker_id)
         fresh = self._forget_fresh(key)
         if fresh is not None:
             result = await self._run_fresh(key, worker_id, fresh)
@@ -525,6 +530,7 @@ class ExecutionGraphRuntime:
         if not isinstance(reason, str) or not reason:
             raise ConfigurationError(f"cancel needs a reason: a non-empty string, not "
                                      f"{_kind(reason)}")
+        _check_text("cancel reason", reason)
         await self._header(key)
         self._forget_fresh(key)  # a run started from create's state would not see it
         header = await self.store.request_cancel(CancelTaskRequest(key=key, reason=reason,
@@ -597,12 +603,22 @@ class ExecutionGraphRuntime:
                              outcome: ActionOutcome | Absent, *, actor: str) -> TaskView:
         """Record a host-attested resolution of an uncertain action, so ``run`` can go on.
 
-        ``ActionOutcome``: the effect happened with this output (the node completes with it,
-        nothing is dispatched). ``Absent()``: the effect never happened (the node returns to
+        ``ActionOutcome``: the effect happened with this output; nothing is dispatched. An
+        effect node completes with it; an action an agent's tool call made becomes that
+        call's receipt, and the agent node returns to pending, so the next ``run`` resumes
+        the agent with it. ``Absent()``: the effect never happened (the node returns to
         pending and the next ``run`` dispatches it again under the same action id). The
-        resolution is journaled with ``actor``; a conflicting second resolution is rejected.
+        resolution is journaled with ``actor``; a conflicting second resolution is rejected
+        (``ResolutionConflictError``; with ``details["retryable"]`` when another operator's
+        resolution of the task was in progress: inspect, and resolve again if still needed).
         """
         _check_key(key)
+        if not isinstance(action_id, str) or not action_id:
+            raise ConfigurationError(f"action_id must be a non-empty string, not "
+                                     f"{_kind(action_id)}")
+        _check_text("action_id", action_id)
+        if isinstance(actor, str):
+            _check_text("actor", actor)
         await resolve_action(self.store, key, action_id, outcome, actor=actor,
                              clock=self.clock, lease_ttl=self.lease_ttl)
         return await self.inspect(key)
@@ -877,6 +893,18 @@ def _grants(value: object) -> tuple[str, ...] | None:
 def _check_key(key: str) -> None:
     if not isinstance(key, str) or not key or len(key) > 200:
         raise ConfigurationError("task key must be a non-empty string of at most 200 chars")
+    _check_text("task key", key)
+
+
+def _check_text(what: str, value: str) -> None:
+    """Refuse text no store can hold: lone surrogates (e.g. undecodable bytes of a command
+    line argument) have no UTF-8 form, and would fail deep in a store instead."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigurationError(
+            f"{what} {value!r} is not valid Unicode text (a lone surrogate at position "
+            f"{exc.start}, often from bytes that are not UTF-8); pass UTF-8 text") from None
 
 
 def _deadline(value: datetime | timedelta | None,
@@ -905,7 +933,8 @@ def _decode_cursor(cursor: str | None, key: str) -> int:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         prefix, key_tag, seq = raw.rsplit(":", 2)
-        if prefix + ":" != _CURSOR_PREFIX or key_tag != digest(key)[7:19] or int(seq) < 0:
+        if prefix + ":" != _CURSOR_PREFIX or key_tag != digest(key)[7:19] or \
+                not 0 <= int(seq) < 2 ** 63:
             raise ValueError(raw)
         return int(seq)
     except (ValueError, binascii.Error, UnicodeDecodeError):
