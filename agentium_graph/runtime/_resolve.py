@@ -9,11 +9,15 @@ the node is reopened, like after an attested absence, and its next run reuses th
 without dispatching. The decision is made on a read taken under the task's lease, so of two
 concurrent resolutions of one action the later one sees the first: an identical one is a
 no-op, a different one is refused with ResolutionConflictError.
+
+Canceling a ``recovery_required`` task is the other operator action here: nothing runs it,
+so it is canceled in one commit under its lease, leaving its uncertain actions in the ledger.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 from datetime import datetime
 
@@ -27,10 +31,12 @@ from agentium_graph.errors import (
     ConfigurationError,
     DurableRecoveryRequiredError,
     ErrorInfo,
+    InvalidTransitionError,
     LeaseHeldError,
     ResolutionConflictError,
     StaleFenceError,
     StoreError,
+    TaskCanceledError,
     TaskNotFoundError,
 )
 from agentium_graph.store._protocol import DurableTaskStore
@@ -45,6 +51,9 @@ from agentium_graph.store._requests import (
     SettleNode,
     Step,
 )
+from agentium_graph.store._transitions import TERMINAL_NODE
+
+log = logging.getLogger("agentium_graph.runtime")
 
 
 async def resolve_action(store: DurableTaskStore, key: str, action_id: str,
@@ -234,3 +243,54 @@ def _checked_output(key: str, action: ActionRecord, outcome: ActionOutcome,
                     f"task {key!r}: resolution output violates the output schema of "
                     f"{origin.get('binding')!r}: {errors[0].message}")
     return canonical_json(outcome.output)
+
+
+async def cancel_stopped(store: DurableTaskStore, key: str, *, lease_ttl: float,
+                         clock: Callable[[], datetime]) -> bool:
+    """Cancel a ``recovery_required`` task under its lease in one commit, without
+    running it (a run would stop at its uncertain actions). False when the task is no
+    longer ``recovery_required`` (an operator resolved it meanwhile); True otherwise,
+    also when another worker took the lease (the cancel request stays for it)."""
+    worker = f"canceler:{key}"
+    try:
+        grant = await store.acquire_lease(AcquireLeaseRequest(
+            key=key, worker_id=worker, ttl_seconds=lease_ttl, now=clock(),
+            snapshot=True))
+    except (LeaseHeldError, InvalidTransitionError) as exc:
+        log.info("task %s: cancel recorded; a worker will apply it (%s)", key, exc)
+        return True
+    try:
+        snapshot = grant.snapshot or await store.get_task(key)
+        assert snapshot is not None
+        if snapshot.header.status != "recovery_required":
+            await _release(store, key, worker, grant.fence, clock)
+            return False
+        cancel = snapshot.header.cancel
+        why = cancel.reason if cancel is not None else "canceled"
+        stuck = sorted(a.action_id for a in snapshot.actions.values()
+                       if a.state == "uncertain")
+        info = TaskCanceledError(
+            f"task {key!r} was canceled: {why}"
+            + (f"; the outcome of action(s) {', '.join(stuck)} stays unknown, so check "
+               "their destinations" if stuck else ""),
+            details={"reason": why, "uncertain_actions": stuck}).to_info()
+        steps: list[Step] = [SettleNode(node_id=node_id, state="canceled", error=info)
+                             for node_id, rec in sorted(snapshot.nodes.items())
+                             if rec.state not in TERMINAL_NODE]
+        steps.append(SetStatus(status="canceled", error=info, release_lease=True))
+        await store.commit(CommitRequest(key=key, worker_id=worker,
+                                              fence=grant.fence, now=clock(),
+                                              steps=tuple(steps)))
+    except StaleFenceError as exc:
+        log.info("task %s: cancel recorded; a worker will apply it (%s)", key, exc)
+    except BaseException:
+        await _release(store, key, worker, grant.fence, clock)
+        raise
+    return True
+
+
+async def _release(store: DurableTaskStore, key: str, worker: str, fence: int,
+                   clock: Callable[[], datetime]) -> None:
+    with contextlib.suppress(StaleFenceError, StoreError):
+        await store.release_lease(ReleaseLeaseRequest(key=key, worker_id=worker, fence=fence,
+                                                      now=clock()))

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import json
 import logging
 from collections.abc import Callable, Coroutine, Iterable, Mapping
@@ -50,6 +48,19 @@ from agentium_graph.errors import (
     TaskNotFoundError,
 )
 from agentium_graph.plan._validate import CompiledPlan, pseudo_ref_problems, validate_plan
+from agentium_graph.runtime._args import (
+    budgets_arg,
+    check_key,
+    check_policy_revision,
+    check_runtime_args,
+    check_text,
+    deadline_arg,
+    decode_cursor,
+    encode_cursor,
+    grants_arg,
+    kind,
+    root_limits,
+)
 from agentium_graph.runtime._blobs import read_verified
 from agentium_graph.runtime._config import Budgets, RootLimits, counter_limits
 from agentium_graph.runtime._containers import node_record
@@ -62,7 +73,7 @@ from agentium_graph.runtime._planner import (
     empty_plan,
     find_program,
 )
-from agentium_graph.runtime._resolve import resolve_action
+from agentium_graph.runtime._resolve import cancel_stopped, resolve_action
 from agentium_graph.runtime._run import FastStartRefused, RunState, TaskRun
 from agentium_graph.runtime._views import (
     AdmissionEvent,
@@ -84,22 +95,15 @@ from agentium_graph.store._records import (
 from agentium_graph.store._requests import (
     AcquireLeaseRequest,
     CancelTaskRequest,
-    CommitRequest,
     CreateTaskRequest,
     LeaseGrant,
     ReleaseLeaseRequest,
-    SetStatus,
-    SettleNode,
-    Step,
     TimelineRequest,
 )
-from agentium_graph.store._transitions import TERMINAL_NODE
 
 log = logging.getLogger("agentium_graph.runtime")
 T = TypeVar("T")
-M = TypeVar("M", RootLimits, Budgets)
 
-_CURSOR_PREFIX = "agt1:"
 # How much a runtime remembers of tasks it created (identities; header and nodes as written)
 # so that running them right after costs no reads: a bounded convenience, never required.
 _REMEMBERED_TASKS = 256
@@ -148,32 +152,12 @@ class ExecutionGraphRuntime:
             raise ConfigurationError(f"catalog must be a HostCatalog, not "
                                      f"{type(catalog).__name__}; pass HostCatalog([...])")
         self.catalog = catalog
-        if store is not None and (isinstance(store, type) or
-                                  not isinstance(store, DurableTaskStore)):
-            raise ConfigurationError(
-                f"store must implement the DurableTaskStore protocol, not "
-                f"{_kind(store)}; pass a store instance (InMemoryDurableTaskStore(), "
-                "SQLiteDurableTaskStore(path), MongoDBDurableTaskStore(uri)) or omit it")
-        if not isinstance(require_durable, bool):
-            raise ConfigurationError(f"require_durable must be True or False, not "
-                                     f"{_kind(require_durable)}")
-        for name, value in (("lease_ttl", lease_ttl), ("poll_interval", poll_interval),
-                            ("effect_timeout", effect_timeout),
-                            ("lookup_timeout", lookup_timeout)):
-            if not _is_number(value):
-                raise ConfigurationError(f"{name} must be a number of seconds, not "
-                                         f"{_kind(value)}")
-        if not isinstance(lookup_attempts, int) or isinstance(lookup_attempts, bool):
-            raise ConfigurationError(f"lookup_attempts must be an int between 1 and 10, not "
-                                     f"{_kind(lookup_attempts)}")
-        for name, fn in (("clock", clock), ("on_admission", on_admission)):
-            if fn is not None and not callable(fn):
-                raise ConfigurationError(f"{name} must be a callable or None, not {_kind(fn)}")
-        _check_policy_revision(policy_revision)
-        if isinstance(programs, ExecutionGraphProgram) or not isinstance(programs, Iterable):
-            raise ConfigurationError(
-                f"programs must be a list of ExecutionGraphProgram, not {_kind(programs)}; "
-                "pass programs=[program, ...]")
+        check_runtime_args(store=store, require_durable=require_durable,
+                           lease_ttl=lease_ttl, poll_interval=poll_interval,
+                           effect_timeout=effect_timeout, lookup_timeout=lookup_timeout,
+                           lookup_attempts=lookup_attempts, clock=clock,
+                           on_admission=on_admission, policy_revision=policy_revision,
+                           programs=programs)
         # Planner programs this runtime can run, by (id, version): a planner's provider is
         # code, so a worker that recovers a planned task must be given its program.
         self._programs: dict[tuple[str, str], ExecutionGraphProgram] = {}
@@ -188,7 +172,7 @@ class ExecutionGraphRuntime:
             raise ConfigurationError("lease_ttl must be in (0, 30] seconds")
         if not 0 < poll_interval < lease_ttl:
             raise ConfigurationError("poll_interval must be positive and below lease_ttl")
-        self.limits = _root_limits(limits, RootLimits())
+        self.limits = root_limits(limits, RootLimits())
         self.on_admission = on_admission
         self.lease_ttl = lease_ttl
         self.poll_interval = poll_interval
@@ -224,15 +208,15 @@ class ExecutionGraphRuntime:
 
         ``budgets`` and ``limits`` may be given as dicts of their fields; ``grants`` is a
         list of binding ids (``None``: every binding of the catalog)."""
-        _check_key(key)
+        check_key(key)
         if not isinstance(program, ExecutionGraphProgram):
             raise ConfigurationError(f"program must be an ExecutionGraphProgram, not "
-                                     f"{_kind(program)}")
-        limits = _root_limits(limits, self.limits)
-        budgets = _budgets(budgets)
-        grant_list = _grants(grants)
+                                     f"{kind(program)}")
+        limits = root_limits(limits, self.limits)
+        budgets = budgets_arg(budgets)
+        grant_list = grants_arg(grants)
         if policy_revision is not None:
-            _check_policy_revision(policy_revision)
+            check_policy_revision(policy_revision)
         # One checked canonical encoding of the plan gives both its digest and the
         # identity's private copy of it.
         plan_text = None if program.plan is None else canonical_json(program.plan)
@@ -273,7 +257,7 @@ class ExecutionGraphRuntime:
                 message=f"{len(nodes)} nodes exceed max_expanded_nodes="
                         f"{limits.max_expanded_nodes}")])
         now = self.clock()
-        absolute, after = _deadline(deadline, now)
+        absolute, after = deadline_arg(deadline, now)
         if plan is None:
             # What the planner is shown is pinned with the task, so every process builds the
             # same requests and recorded responses replay (descriptions are not part of a
@@ -360,10 +344,10 @@ class ExecutionGraphRuntime:
             raise NestedDispatchError(
                 "run() called from inside a running tool; nested controlled dispatch is "
                 "rejected: model the work as a node of the plan instead")
-        _check_key(key)
+        check_key(key)
         if not isinstance(worker_id, str) or not worker_id.strip():
             raise ConfigurationError("worker_id must be a non-empty string")
-        _check_text("worker_id", worker_id)
+        check_text("worker_id", worker_id)
         fresh = self._forget_fresh(key)
         if fresh is not None:
             result = await self._run_fresh(key, worker_id, fresh)
@@ -509,7 +493,7 @@ class ExecutionGraphRuntime:
     # --- inspect / cancel / timeline ------------------------------------------------
     async def inspect(self, key: str) -> TaskView:
         """A verified, read-only view of the task: no lease is taken and nothing is written."""
-        _check_key(key)
+        check_key(key)
         snapshot = await self.store.get_task(key)
         if snapshot is None:
             raise TaskNotFoundError(key)
@@ -526,11 +510,11 @@ class ExecutionGraphRuntime:
         worker holds the lease of is canceled by that worker (or by whoever runs it next).
         Canceling an ended task changes nothing; the first reason recorded wins.
         """
-        _check_key(key)
+        check_key(key)
         if not isinstance(reason, str) or not reason:
             raise ConfigurationError(f"cancel needs a reason: a non-empty string, not "
-                                     f"{_kind(reason)}")
-        _check_text("cancel reason", reason)
+                                     f"{kind(reason)}")
+        check_text("cancel reason", reason)
         await self._header(key)
         self._forget_fresh(key)  # a run started from create's state would not see it
         header = await self.store.request_cancel(CancelTaskRequest(key=key, reason=reason,
@@ -540,7 +524,8 @@ class ExecutionGraphRuntime:
             run.request_cancel(reason)
             return await self.inspect(key)
         if header.status == "recovery_required" and self._lease_free(header):
-            if await self._cancel_stopped(key):
+            if await cancel_stopped(self.store, key, lease_ttl=self.lease_ttl,
+                                    clock=self.clock):
                 return await self.inspect(key)
             header = await self._header(key)  # resolved meanwhile: cancel it as any other
         if header.status not in ("completed", "failed", "canceled", "recovery_required") and \
@@ -557,48 +542,6 @@ class ExecutionGraphRuntime:
     def _lease_free(self, header: TaskHeader) -> bool:
         return header.lease is None or header.lease.expires_at <= self.clock()
 
-    async def _cancel_stopped(self, key: str) -> bool:
-        """Cancel a ``recovery_required`` task under its lease in one commit, without
-        running it (a run would stop at its uncertain actions). False when the task is no
-        longer ``recovery_required`` (an operator resolved it meanwhile); True otherwise,
-        also when another worker took the lease (the cancel request stays for it)."""
-        worker = f"canceler:{key}"
-        try:
-            grant = await self.store.acquire_lease(AcquireLeaseRequest(
-                key=key, worker_id=worker, ttl_seconds=self.lease_ttl, now=self.clock(),
-                snapshot=True))
-        except (LeaseHeldError, InvalidTransitionError) as exc:
-            log.info("task %s: cancel recorded; a worker will apply it (%s)", key, exc)
-            return True
-        try:
-            snapshot = grant.snapshot or await self.store.get_task(key)
-            assert snapshot is not None
-            if snapshot.header.status != "recovery_required":
-                await self._release_quietly(key, worker, grant.fence)
-                return False
-            cancel = snapshot.header.cancel
-            why = cancel.reason if cancel is not None else "canceled"
-            stuck = sorted(a.action_id for a in snapshot.actions.values()
-                           if a.state == "uncertain")
-            info = TaskCanceledError(
-                f"task {key!r} was canceled: {why}"
-                + (f"; the outcome of action(s) {', '.join(stuck)} stays unknown, so check "
-                   "their destinations" if stuck else ""),
-                details={"reason": why, "uncertain_actions": stuck}).to_info()
-            steps: list[Step] = [SettleNode(node_id=node_id, state="canceled", error=info)
-                                 for node_id, rec in sorted(snapshot.nodes.items())
-                                 if rec.state not in TERMINAL_NODE]
-            steps.append(SetStatus(status="canceled", error=info, release_lease=True))
-            await self.store.commit(CommitRequest(key=key, worker_id=worker,
-                                                  fence=grant.fence, now=self.clock(),
-                                                  steps=tuple(steps)))
-        except StaleFenceError as exc:
-            log.info("task %s: cancel recorded; a worker will apply it (%s)", key, exc)
-        except BaseException:
-            await self._release_quietly(key, worker, grant.fence)
-            raise
-        return True
-
     async def resolve_action(self, key: str, action_id: str,
                              outcome: ActionOutcome | Absent, *, actor: str) -> TaskView:
         """Record a host-attested resolution of an uncertain action, so ``run`` can go on.
@@ -612,13 +555,13 @@ class ExecutionGraphRuntime:
         (``ResolutionConflictError``; with ``details["retryable"]`` when another operator's
         resolution of the task was in progress: inspect, and resolve again if still needed).
         """
-        _check_key(key)
+        check_key(key)
         if not isinstance(action_id, str) or not action_id:
             raise ConfigurationError(f"action_id must be a non-empty string, not "
-                                     f"{_kind(action_id)}")
-        _check_text("action_id", action_id)
+                                     f"{kind(action_id)}")
+        check_text("action_id", action_id)
         if isinstance(actor, str):
-            _check_text("actor", actor)
+            check_text("actor", actor)
         await resolve_action(self.store, key, action_id, outcome, actor=actor,
                              clock=self.clock, lease_ttl=self.lease_ttl)
         return await self.inspect(key)
@@ -637,18 +580,18 @@ class ExecutionGraphRuntime:
     async def timeline(self, key: str, cursor: str | None = None,
                        limit: int = 100) -> TimelinePage:
         """A page of the task's journal in stable order; ``cursor`` is opaque."""
-        _check_key(key)
+        check_key(key)
         if not 1 <= limit <= 1000:
             raise ConfigurationError("limit must be between 1 and 1000")
         header = await self._header(key)
-        after = _decode_cursor(cursor, key)
+        after = decode_cursor(cursor, key)
         events = await self.store.read_timeline(TimelineRequest(key=key, after_seq=after,
                                                                 limit=limit))
         events = [e for e in events if e.seq <= header.journal_seq]
         last = events[-1].seq if events else after
         more = last < header.journal_seq
         return TimelinePage(key=key, events=tuple(events),
-                            next_cursor=_encode_cursor(key, last) if more else None,
+                            next_cursor=encode_cursor(key, last) if more else None,
                             total=header.journal_seq)
 
     # --- sync wrappers --------------------------------------------------------------
@@ -820,127 +763,6 @@ def error_from_info(key: str, info: ErrorInfo | None) -> Exception:
         return PlannerFailedError(info.message, details=info.details)
     return node_error(info, f"task {key!r} failed at node {info.node_id!r}: {info.message}",
                       info.node_id)
-
-
-def _kind(value: object) -> str:
-    """How an error names a wrong value: its type (and the value when it is short)."""
-    if isinstance(value, type):
-        return f"the class {value.__name__} (pass an instance)"
-    text = repr(value)
-    return f"{type(value).__name__} {text}" if len(text) <= 40 else type(value).__name__
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _check_policy_revision(value: object) -> None:
-    if not isinstance(value, str) or not value:
-        raise ConfigurationError(f"policy_revision must be a non-empty string (e.g. '2'), "
-                                 f"not {_kind(value)}")
-
-
-def _root_limits(value: object, default: RootLimits) -> RootLimits:
-    """``limits=``: a RootLimits, a dict of its fields (validated into one), or None."""
-    if value is None:
-        return default
-    if isinstance(value, RootLimits):
-        return value
-    if isinstance(value, Mapping):
-        return _from_dict(RootLimits, "limits", value)
-    raise ConfigurationError(f"limits must be RootLimits(...), a dict of its fields or None, "
-                             f"not {_kind(value)}")
-
-
-def _from_dict(cls: type[M], name: str, value: Mapping[Any, Any]) -> M:
-    try:
-        return cls(**{str(k): v for k, v in value.items()})
-    except ConfigurationError as exc:
-        raise ConfigurationError(f"{name}: {exc} (a dict given as {name} takes the fields "
-                                 f"of {cls.__name__}: {', '.join(cls.model_fields)})") from None
-
-
-def _budgets(value: object) -> Budgets:
-    """``budgets=``: a Budgets, a dict of its fields (validated into one), or None."""
-    if value is None:
-        return Budgets()
-    if isinstance(value, Budgets):
-        return value
-    if isinstance(value, Mapping):
-        return _from_dict(Budgets, "budgets", value)
-    raise ConfigurationError(f"budgets must be Budgets(...), a dict of its fields or None, "
-                             f"not {_kind(value)}")
-
-
-def _grants(value: object) -> tuple[str, ...] | None:
-    """``grants=``: None (every binding) or a list of binding ids, sorted and unique."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        raise ConfigurationError(f"grants must be a list of binding ids, not a string; pass "
-                                 f"grants=[{value!r}]")
-    if isinstance(value, bytes | Mapping) or not isinstance(value, Iterable):
-        raise ConfigurationError(f"grants must be a list of binding ids (or None for every "
-                                 f"binding), not {_kind(value)}")
-    ids = list(value)
-    bad = [g for g in ids if not isinstance(g, str) or not g]
-    if bad:
-        raise ConfigurationError(f"grants must be a list of binding ids, each a non-empty "
-                                 f"string; {_kind(bad[0])} is not one")
-    return tuple(sorted(set(ids)))
-
-
-def _check_key(key: str) -> None:
-    if not isinstance(key, str) or not key or len(key) > 200:
-        raise ConfigurationError("task key must be a non-empty string of at most 200 chars")
-    _check_text("task key", key)
-
-
-def _check_text(what: str, value: str) -> None:
-    """Refuse text no store can hold: lone surrogates (e.g. undecodable bytes of a command
-    line argument) have no UTF-8 form, and would fail deep in a store instead."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ConfigurationError(
-            f"{what} {value!r} is not valid Unicode text (a lone surrogate at position "
-            f"{exc.start}, often from bytes that are not UTF-8); pass UTF-8 text") from None
-
-
-def _deadline(value: datetime | timedelta | None,
-              now: datetime) -> tuple[datetime | None, float | None]:
-    if value is None:
-        return None, None
-    if isinstance(value, timedelta):
-        if value.total_seconds() <= 0:
-            raise ConfigurationError("a relative deadline must be positive")
-        return None, value.total_seconds()
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise ConfigurationError("deadline must be timezone-aware (e.g. datetime.now(UTC))")
-        return value.astimezone(UTC), None
-    raise ConfigurationError("deadline must be a datetime, a timedelta or None")
-
-
-def _encode_cursor(key: str, seq: int) -> str:
-    raw = f"{_CURSOR_PREFIX}{digest(key)[7:19]}:{seq}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str | None, key: str) -> int:
-    if cursor is None:
-        return 0
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        prefix, key_tag, seq = raw.rsplit(":", 2)
-        if prefix + ":" != _CURSOR_PREFIX or key_tag != digest(key)[7:19] or \
-                not 0 <= int(seq) < 2 ** 63:
-            raise ValueError(raw)
-        return int(seq)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise ConfigurationError(
-            f"invalid timeline cursor for task {key!r}; pass a next_cursor returned by "
-            "timeline() for the same task") from None
 
 
 def _sync(coro: Coroutine[Any, Any, T]) -> T:

@@ -1,0 +1,176 @@
+"""Checks of the arguments users pass to the runtime: a wrong type or value is a
+ConfigurationError that names the argument and says what to pass, raised before anything is
+stored. Also the timeline cursor's encoding."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from agentium_graph._canonical import digest
+from agentium_graph._program import ExecutionGraphProgram
+from agentium_graph.errors import ConfigurationError
+from agentium_graph.runtime._config import Budgets, RootLimits
+from agentium_graph.store._protocol import DurableTaskStore
+
+M = TypeVar("M", RootLimits, Budgets)
+
+_CURSOR_PREFIX = "agt1:"
+
+
+def check_runtime_args(*, store: object, require_durable: object, lease_ttl: object,
+                       poll_interval: object, effect_timeout: object, lookup_timeout: object,
+                       lookup_attempts: object, clock: object, on_admission: object,
+                       policy_revision: object, programs: object) -> None:
+    """The types of ``ExecutionGraphRuntime(...)``'s arguments (their ranges are checked
+    where they are used)."""
+    if store is not None and (isinstance(store, type) or
+                              not isinstance(store, DurableTaskStore)):
+        raise ConfigurationError(
+            f"store must implement the DurableTaskStore protocol, not "
+            f"{kind(store)}; pass a store instance (InMemoryDurableTaskStore(), "
+            "SQLiteDurableTaskStore(path), MongoDBDurableTaskStore(uri)) or omit it")
+    if not isinstance(require_durable, bool):
+        raise ConfigurationError(f"require_durable must be True or False, not "
+                                 f"{kind(require_durable)}")
+    for name, value in (("lease_ttl", lease_ttl), ("poll_interval", poll_interval),
+                        ("effect_timeout", effect_timeout),
+                        ("lookup_timeout", lookup_timeout)):
+        if not is_number(value):
+            raise ConfigurationError(f"{name} must be a number of seconds, not "
+                                     f"{kind(value)}")
+    if not isinstance(lookup_attempts, int) or isinstance(lookup_attempts, bool):
+        raise ConfigurationError(f"lookup_attempts must be an int between 1 and 10, not "
+                                 f"{kind(lookup_attempts)}")
+    for name, fn in (("clock", clock), ("on_admission", on_admission)):
+        if fn is not None and not callable(fn):
+            raise ConfigurationError(f"{name} must be a callable or None, not {kind(fn)}")
+    check_policy_revision(policy_revision)
+    if isinstance(programs, ExecutionGraphProgram) or not isinstance(programs, Iterable):
+        raise ConfigurationError(
+            f"programs must be a list of ExecutionGraphProgram, not {kind(programs)}; "
+            "pass programs=[program, ...]")
+
+
+def kind(value: object) -> str:
+    """How an error names a wrong value: its type (and the value when it is short)."""
+    if isinstance(value, type):
+        return f"the class {value.__name__} (pass an instance)"
+    text = repr(value)
+    return f"{type(value).__name__} {text}" if len(text) <= 40 else type(value).__name__
+
+
+def is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def check_policy_revision(value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(f"policy_revision must be a non-empty string (e.g. '2'), "
+                                 f"not {kind(value)}")
+
+
+def root_limits(value: object, default: RootLimits) -> RootLimits:
+    """``limits=``: a RootLimits, a dict of its fields (validated into one), or None."""
+    if value is None:
+        return default
+    if isinstance(value, RootLimits):
+        return value
+    if isinstance(value, Mapping):
+        return _from_dict(RootLimits, "limits", value)
+    raise ConfigurationError(f"limits must be RootLimits(...), a dict of its fields or None, "
+                             f"not {kind(value)}")
+
+
+def _from_dict(cls: type[M], name: str, value: Mapping[Any, Any]) -> M:
+    try:
+        return cls(**{str(k): v for k, v in value.items()})
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{name}: {exc} (a dict given as {name} takes the fields "
+                                 f"of {cls.__name__}: {', '.join(cls.model_fields)})") from None
+
+
+def budgets_arg(value: object) -> Budgets:
+    """``budgets=``: a Budgets, a dict of its fields (validated into one), or None."""
+    if value is None:
+        return Budgets()
+    if isinstance(value, Budgets):
+        return value
+    if isinstance(value, Mapping):
+        return _from_dict(Budgets, "budgets", value)
+    raise ConfigurationError(f"budgets must be Budgets(...), a dict of its fields or None, "
+                             f"not {kind(value)}")
+
+
+def grants_arg(value: object) -> tuple[str, ...] | None:
+    """``grants=``: None (every binding) or a list of binding ids, sorted and unique."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        raise ConfigurationError(f"grants must be a list of binding ids, not a string; pass "
+                                 f"grants=[{value!r}]")
+    if isinstance(value, bytes | Mapping) or not isinstance(value, Iterable):
+        raise ConfigurationError(f"grants must be a list of binding ids (or None for every "
+                                 f"binding), not {kind(value)}")
+    ids = list(value)
+    bad = [g for g in ids if not isinstance(g, str) or not g]
+    if bad:
+        raise ConfigurationError(f"grants must be a list of binding ids, each a non-empty "
+                                 f"string; {kind(bad[0])} is not one")
+    return tuple(sorted(set(ids)))
+
+
+def check_key(key: str) -> None:
+    if not isinstance(key, str) or not key or len(key) > 200:
+        raise ConfigurationError("task key must be a non-empty string of at most 200 chars")
+    check_text("task key", key)
+
+
+def check_text(what: str, value: str) -> None:
+    """Refuse text no store can hold: lone surrogates (e.g. undecodable bytes of a command
+    line argument) have no UTF-8 form, and would fail deep in a store instead."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigurationError(
+            f"{what} {value!r} is not valid Unicode text (a lone surrogate at position "
+            f"{exc.start}, often from bytes that are not UTF-8); pass UTF-8 text") from None
+
+
+def deadline_arg(value: datetime | timedelta | None,
+              now: datetime) -> tuple[datetime | None, float | None]:
+    if value is None:
+        return None, None
+    if isinstance(value, timedelta):
+        if value.total_seconds() <= 0:
+            raise ConfigurationError("a relative deadline must be positive")
+        return None, value.total_seconds()
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ConfigurationError("deadline must be timezone-aware (e.g. datetime.now(UTC))")
+        return value.astimezone(UTC), None
+    raise ConfigurationError("deadline must be a datetime, a timedelta or None")
+
+
+def encode_cursor(key: str, seq: int) -> str:
+    raw = f"{_CURSOR_PREFIX}{digest(key)[7:19]}:{seq}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None, key: str) -> int:
+    if cursor is None:
+        return 0
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        prefix, key_tag, seq = raw.rsplit(":", 2)
+        if prefix + ":" != _CURSOR_PREFIX or key_tag != digest(key)[7:19] or \
+                not 0 <= int(seq) < 2 ** 63:
+            raise ValueError(raw)
+        return int(seq)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise ConfigurationError(
+            f"invalid timeline cursor for task {key!r}; pass a next_cursor returned by "
+            "timeline() for the same task") from None
