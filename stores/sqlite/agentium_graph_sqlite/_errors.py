@@ -7,18 +7,32 @@ pass through unchanged.
 
 ``SQLITE_BUSY``/``SQLITE_LOCKED`` become :class:`BusyError`, the only retried error; when
 the bounded retries run out the store raises a plain ``StoreUnavailableError``.
+
+A stored record that does not parse is reported by :class:`BadRecord` (raised by
+``_ops``, which knows the task key and the row) as a ``StoreSchemaError`` naming the row and
+saying whether it looks damaged or written by a newer version. Text that cannot be encoded
+as UTF-8 (lone surrogates, e.g. from a shell argument holding an invalid byte) is refused
+by :func:`check_text` before it reaches sqlite3, as a ``ConfigurationError`` naming the field.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
 
-from agentium_graph.errors import StoreError, StoreSchemaError, StoreUnavailableError
+from agentium_graph.errors import (
+    ConfigurationError,
+    StoreError,
+    StoreSchemaError,
+    StoreUnavailableError,
+)
 
 # Primary result codes (the low byte of an extended code), from sqlite3.h.
 _BUSY, _LOCKED, _CORRUPT, _READONLY, _IOERR, _FULL, _CANTOPEN, _PERM, _NOTADB = (
@@ -34,6 +48,24 @@ class BusyError(StoreUnavailableError):
 def _primary_code(exc: sqlite3.Error | sqlite3.Warning) -> int | None:
     code = getattr(exc, "sqlite_errorcode", None)
     return None if code is None else int(code) & 0xFF
+
+
+def read_only_filesystem(path: Path) -> bool:
+    """Whether the filesystem holding ``path`` (or its nearest existing parent) is mounted
+    read-only (``ST_RDONLY``); False when that cannot be told."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return bool(os.statvfs(probe).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError, ValueError):
+        return False
+
+
+def read_only_fs_message(path: Path) -> str:
+    return (f"it is on a read-only filesystem (the mount holding {str(path.parent)!r} is "
+            "read-only); remount it read-write or copy the file to a writable location "
+            "(reading it with read_only=True works in place)")
 
 
 def map_sqlite_error(exc: sqlite3.Error | sqlite3.Warning, path: Path, op: str) -> StoreError:
@@ -53,6 +85,8 @@ def map_sqlite_error(exc: sqlite3.Error | sqlite3.Warning, path: Path, op: str) 
         return StoreError(
             f"{where}: the database file is corrupt; stop writing to it, then restore it "
             "from a backup or point the store at a new path", details=details)
+    if code in (_READONLY, _PERM, _CANTOPEN) and read_only_filesystem(path):
+        return StoreError(f"{where}: {read_only_fs_message(path)}", details=details)
     if code in (_READONLY, _PERM):
         return StoreError(
             f"{where}: the database or its directory is read-only; make both writable "
@@ -76,6 +110,76 @@ def map_sqlite_error(exc: sqlite3.Error | sqlite3.Warning, path: Path, op: str) 
                       details=details)
 
 
+class BadRecord(Exception):
+    """A stored record that does not parse (raised by ``_ops``, mapped by
+    :func:`mapped_errors`). ``what`` names the row for a human, e.g. ``"the header of task
+    'k'"``; ``sql`` shows how to look at it."""
+
+    def __init__(self, error: ValidationError, what: str, key: str, sql: str) -> None:
+        super().__init__(what)
+        self.error = error
+        self.what = what
+        self.key = key
+        self.sql = sql
+
+
+# Error types that a newer version's records would cause (a field or a value this version
+# does not know). Anything else (not JSON, missing fields, wrong types) is damage.
+_NEWER_TYPES = frozenset({"extra_forbidden", "literal_error", "enum", "union_tag_invalid"})
+
+
+def _first_problem(error: ValidationError) -> str:
+    first = error.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(p) for p in first.get("loc", ())) or "record"
+    return f"{where}: {first.get('msg', '?')}"
+
+
+def bad_record_error(bad: BadRecord, path: Path, op: str) -> StoreSchemaError:
+    """The error for a stored record this version cannot parse: damage, or maybe newer."""
+    error = bad.error
+    types = {e["type"] for e in error.errors(include_url=False, include_input=False)}
+    details: dict[str, Any] = {"path": str(path), "op": op, "key": bad.key,
+                               "problems": error.error_count()}
+    where = f"SQLite store {str(path)!r}: {op} cannot parse {bad.what}"
+    problem = _first_problem(error)
+    if types <= _NEWER_TYPES:
+        details["newer"] = True
+        return StoreSchemaError(
+            f"{where} ({error.error_count()} problem(s), first {problem}): it has fields or "
+            "values this agentium-graph-sqlite does not know, so it was probably written by a "
+            "newer agentium-graph; upgrade agentium-graph-sqlite to read it. If no newer "
+            "version wrote to this file, the row is damaged: restore the file from a backup "
+            f"or inspect the row ({bad.sql}); other tasks stay readable", details=details)
+    kind = "is not valid JSON" if types & {"json_invalid", "json_type"} else \
+        "does not have the stored record's format"
+    return StoreSchemaError(
+        f"{where}: the row is damaged (it {kind}; {problem}); restore the file from a backup, "
+        f"or inspect and repair the row ({bad.sql}); other tasks stay readable",
+        details=details)
+
+
+def _is_text(value: str) -> bool:
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_text(path: Path, op: str, **fields: str | None) -> None:
+    """Refuse a string that cannot be stored as UTF-8 (a lone surrogate such as the
+    ``'\\udcff'`` Python makes of an invalid byte in a command-line argument)."""
+    for name, value in fields.items():
+        if value is not None and not _is_text(value):
+            raise ConfigurationError(
+                f"SQLite store {str(path)!r}: {op} got a {name} that is not valid UTF-8 text "
+                f"({value[:80]!r} holds a lone surrogate, e.g. from an invalid byte in a "
+                f"shell argument); pass the {name} as valid UTF-8 text",
+                details={"path": str(path), "op": op, "field": name})
+
+
 @contextmanager
 def mapped_errors(path: Path, op: str) -> Iterator[None]:
     """Translate sqlite3 and stored-record parse errors raised inside the block."""
@@ -83,12 +187,26 @@ def mapped_errors(path: Path, op: str) -> Iterator[None]:
         yield
     except (sqlite3.Error, sqlite3.Warning) as exc:  # Warning is not an Error subclass
         raise map_sqlite_error(exc, path, op) from exc
-    except ValidationError as exc:
+    except BadRecord as exc:
+        raise bad_record_error(exc, path, op) from exc.error
+    except ValidationError as exc:  # a record parsed outside _ops' named parses
         raise StoreSchemaError(
             f"SQLite store {str(path)!r}: {op} read a record this version of "
-            f"agentium-graph-sqlite cannot parse ({exc.error_count()} problem(s)); the file "
-            "was written by an incompatible version: upgrade agentium-graph-sqlite or use a "
-            "new file", details={"path": str(path), "op": op}) from exc
+            f"agentium-graph-sqlite cannot parse ({exc.error_count()} problem(s), first "
+            f"{_first_problem(exc)}); the row is damaged or was written by a newer version: "
+            "restore the file from a backup, or upgrade agentium-graph-sqlite if a newer one "
+            "wrote it", details={"path": str(path), "op": op}) from exc
+    except (UnicodeEncodeError, PydanticSerializationError) as exc:
+        # Text that is not UTF-8 somewhere check_text does not look (a record's contents).
+        raise ConfigurationError(
+            f"SQLite store {str(path)!r}: {op} was given text that is not valid UTF-8 "
+            f"({exc}); pass valid UTF-8 text (nothing was written)",
+            details={"path": str(path), "op": op}) from exc
+    except OverflowError as exc:
+        raise ConfigurationError(
+            f"SQLite store {str(path)!r}: {op} was given an integer SQLite cannot store "
+            f"({exc}); integers must fit in 64 bits (nothing was written)",
+            details={"path": str(path), "op": op}) from exc
 
 
 def busy_exhausted(last: BusyError, path: Path, op: str, attempts: int,

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Generic, TypeVar
 
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from agentium_graph.errors import TaskNotFoundError
 from agentium_graph.store._records import (
@@ -63,6 +63,7 @@ from agentium_graph.store._transitions import (
     renew_lease,
     request_cancel,
 )
+from agentium_graph_sqlite._errors import BadRecord
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -72,6 +73,9 @@ _ENTRIES = TypeAdapter(list[JournalEntry])  # a journal row: one commit's entrie
 # spills to overflow pages). Bigger records (many attempts, long errors) just grow.
 NODE_SLOT = 900
 _CHUNK = 500  # bound on "?" placeholders per IN (...) list
+# SQLite integers are signed 64-bit; a position past this is past every journal entry.
+MAX_SEQ = 2**63 - 1
+M = TypeVar("M", bound=BaseModel)
 # json.dumps(c, sort_keys=True) builds a new encoder per call; this is the same encoder.
 _charges_text: Final = json.JSONEncoder(sort_keys=True).encode
 
@@ -278,9 +282,56 @@ def _rows_in(conn: sqlite3.Connection, table: str, column: str, value: str, key:
     return out
 
 
+def _parse(model: type[M], text: str | bytes, what: str, key: str, sql: str) -> M:
+    """``model`` parsed from a stored row; a row that does not parse is a :class:`BadRecord`
+    naming it (``what``) and how to look at it (``sql``)."""
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as exc:
+        raise BadRecord(exc, what, key, sql) from exc
+
+
+def _q(value: str) -> str:
+    """``value`` as an SQL string literal, for the hint showing how to look at a row."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def parse_header(text: str | bytes, key: str) -> TaskHeader:
+    return _parse(TaskHeader, text, f"the header of task {key!r}", key,
+                  f"SELECT header FROM tasks WHERE key = {_q(key)}")
+
+
+def _parse_node(text: str, key: str, node_id: str) -> NodeRecord:
+    return _parse(NodeRecord, text, f"the record of node {node_id!r} of task {key!r}", key,
+                  f"SELECT record FROM nodes WHERE key = {_q(key)} AND node_id = {_q(node_id)}")
+
+
+def _parse_action(text: str, key: str, action_id: str) -> ActionRecord:
+    return _parse(ActionRecord, text,
+                  f"the record of action {action_id!r} of task {key!r}", key,
+                  f"SELECT record FROM actions WHERE key = {_q(key)} AND action_id = "
+                  f"{_q(action_id)}")
+
+
+def _parse_identity(text: str, key: str) -> TaskIdentity:
+    return _parse(TaskIdentity, text, f"the identity of task {key!r}", key,
+                  f"SELECT identity FROM identities WHERE key = {_q(key)}")
+
+
+def _parse_entries(text: str, key: str, seq: int, column: str) -> list[JournalEntry]:
+    try:
+        if column == "entry":  # a schema version 1 row: one entry
+            return [JournalEntry.model_validate_json(text)]
+        return _ENTRIES.validate_json(text)
+    except ValidationError as exc:
+        raise BadRecord(exc, f"the journal row of task {key!r} ending at seq {seq}", key,
+                        f"SELECT {column} FROM journal WHERE key = {_q(key)} AND seq = {seq}"
+                        ) from exc
+
+
 def _header(conn: sqlite3.Connection, key: str) -> TaskHeader | None:
     row = conn.execute("SELECT header FROM tasks WHERE key = ?", (key,)).fetchone()
-    return None if row is None else TaskHeader.model_validate_json(row[0])
+    return None if row is None else parse_header(row[0], key)
 
 
 def _current(conn: sqlite3.Connection, kept: Kept,
@@ -293,7 +344,7 @@ def _current(conn: sqlite3.Connection, kept: Kept,
         raise TaskNotFoundError(key)
     if task is not None and task.text == row[0]:
         return task.header, task
-    return TaskHeader.model_validate_json(row[0]), None
+    return parse_header(row[0], key), None
 
 
 # --- mutating operations -------------------------------------------------------------------
@@ -307,7 +358,7 @@ def create_task(conn: sqlite3.Connection, request: CreateTaskRequest,
             if existing.identity_digest != request.header.identity_digest:
                 row = conn.execute("SELECT identity FROM identities WHERE key = ?",
                                    (key,)).fetchone()
-                identity_conflict(TaskIdentity.model_validate_json(row[0]), request.identity)
+                identity_conflict(_parse_identity(row[0], key), request.identity)
             return CreateTaskResult(created=False, header=existing), False
         entry = creation_entry(request)
         w.blobs(request.blobs)
@@ -429,9 +480,9 @@ def _load(conn: sqlite3.Connection, key: str, need: Needs, task: _Task | None,
         charged = task.charged.intersection(need.admission_ids)
         admission_ids = () if task.all_charged else need.admission_ids - charged
     if node_ids:
-        nodes.update((i, NodeRecord.model_validate_json(text)) for i, text in _rows_in(
+        nodes.update((i, _parse_node(text, key, i)) for i, text in _rows_in(
             conn, "nodes", "node_id", "record", key, node_ids).items())
-    actions = {i: ActionRecord.model_validate_json(text) for i, text in _rows_in(
+    actions = {i: _parse_action(text, key, i) for i, text in _rows_in(
         conn, "actions", "action_id", "record", key, need.action_ids).items()} \
         if need.action_ids else {}
     if admission_ids:
@@ -509,7 +560,7 @@ def get_header(conn: sqlite3.Connection, key: str) -> TaskHeader | None:
 
 def get_identity(conn: sqlite3.Connection, key: str) -> TaskIdentity | None:
     row = conn.execute("SELECT identity FROM identities WHERE key = ?", (key,)).fetchone()
-    return None if row is None else TaskIdentity.model_validate_json(row[0])
+    return None if row is None else _parse_identity(row[0], key)
 
 
 def get_task(conn: sqlite3.Connection, key: str) -> TaskSnapshot | None:
@@ -523,9 +574,10 @@ def get_task(conn: sqlite3.Connection, key: str) -> TaskSnapshot | None:
 
 def _snapshot(conn: sqlite3.Connection, header: TaskHeader) -> TaskSnapshot:
     """``header`` with every node and action record of its task (in the caller's txn)."""
-    nodes = {i: NodeRecord.model_validate_json(t) for i, t in conn.execute(
+    key = header.key
+    nodes = {i: _parse_node(t, key, i) for i, t in conn.execute(
         "SELECT node_id, record FROM nodes WHERE key = ?", (header.key,))}
-    actions = {i: ActionRecord.model_validate_json(t) for i, t in conn.execute(
+    actions = {i: _parse_action(t, key, i) for i, t in conn.execute(
         "SELECT action_id, record FROM actions WHERE key = ?", (header.key,))}
     return TaskSnapshot(header=header, nodes=nodes, actions=actions)
 
@@ -540,9 +592,9 @@ def list_tasks(conn: sqlite3.Connection, request: ListTasksRequest) -> list[Task
         where.append("key > ?")
         args.append(request.after)
     clause = f"WHERE {' AND '.join(where)} " if where else ""
-    rows = conn.execute(f"SELECT header FROM tasks {clause}ORDER BY key LIMIT ?",
+    rows = conn.execute(f"SELECT key, header FROM tasks {clause}ORDER BY key LIMIT ?",
                         (*args, request.limit))
-    return [TaskHeader.model_validate_json(r[0]) for r in rows]
+    return [parse_header(header, key) for key, header in rows]
 
 
 def get_blobs(conn: sqlite3.Connection, digests: Sequence[str]) -> dict[str, str]:
@@ -555,17 +607,25 @@ def get_blobs(conn: sqlite3.Connection, digests: Sequence[str]) -> dict[str, str
     return out
 
 
-def read_timeline(conn: sqlite3.Connection, request: TimelineRequest) -> list[JournalEntry]:
+def read_timeline(conn: sqlite3.Connection, request: TimelineRequest, *,
+                  version: int = 2) -> list[JournalEntry]:
+    """A page of the journal. ``version=1`` reads a schema version 1 file as it is (one
+    row per entry, column ``entry``): what a read-only store does instead of migrating."""
+    key = request.key
+    after = min(request.after_seq, MAX_SEQ)  # past every entry: an empty page
+    column = "entry" if version == 1 else "entries"
+
     def body(c: sqlite3.Connection) -> list[JournalEntry]:
         # A row holds one commit's entries and is keyed by its last seq, so ``limit`` rows
         # past ``after_seq`` hold at least ``limit`` entries past it.
-        rows = c.execute("SELECT entries FROM journal WHERE key = ? AND seq > ? ORDER BY seq "
-                         "LIMIT ?", (request.key, request.after_seq, request.limit)).fetchall()
+        rows = c.execute(f"SELECT seq, {column} FROM journal WHERE key = ? AND seq > ? "
+                         "ORDER BY seq LIMIT ?", (key, after, request.limit)).fetchall()
         if not rows and c.execute("SELECT 1 FROM tasks WHERE key = ?",
-                                  (request.key,)).fetchone() is None:
-            raise TaskNotFoundError(request.key)
+                                  (key,)).fetchone() is None:
+            raise TaskNotFoundError(key)
         out: list[JournalEntry] = []
-        for (text,) in rows:
-            out.extend(e for e in _ENTRIES.validate_json(text) if e.seq > request.after_seq)
+        for seq, text in rows:
+            out.extend(e for e in _parse_entries(text, key, seq, column=column)
+                       if e.seq > after)
         return out[:request.limit]
     return read_txn(conn, body)

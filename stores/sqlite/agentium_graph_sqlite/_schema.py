@@ -2,10 +2,17 @@
 
 Order matters so that a foreign, corrupt, newer or read-only file is never modified:
 
-1. plain filesystem checks (directory, regular file, write permission, SQLite magic bytes);
+1. plain filesystem checks (directory, regular file, write permission, SQLite magic bytes;
+   a 0-byte file is a new database: SQLite creates files empty and writes the header with
+   the first transaction, so another process creating the file, or a crash between its
+   creation and that first write, leaves one);
 2. a *read-only* probe connection reads the schema, ``application_id`` and our ``meta``;
 3. only then a read-write connection switches to WAL and, inside ``BEGIN IMMEDIATE``,
-   re-checks and creates the tables (so two processes creating one file agree).
+   re-checks and creates the tables (so two processes creating one file agree: the one
+   that gets the write lock second finds the tables and creates nothing).
+
+A read-only open (:func:`open_read_only`) does steps 1 and 2 only and keeps the read-only
+connection: it never creates, converts to WAL or migrates anything.
 """
 
 from __future__ import annotations
@@ -18,7 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentium_graph.errors import StoreError, StoreSchemaError
-from agentium_graph_sqlite._errors import mapped_errors
+from agentium_graph_sqlite._errors import (
+    mapped_errors,
+    read_only_filesystem,
+    read_only_fs_message,
+)
 
 SCHEMA_VERSION = 2  # 2: journal rows per commit, node slack (1 is migrated on open)
 APPLICATION = "agentium-graph-sqlite"
@@ -75,6 +86,10 @@ class Settings:
     path: Path
     synchronous: str
     busy_timeout_s: float
+    # read_only: open without writing anything (no WAL switch, no schema, no migration);
+    # create=False: refuse a file that is not already an agentium-graph database.
+    read_only: bool = False
+    create: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,14 +100,38 @@ class _Found:
     meta: dict[str, str] | None  # None: no readable meta table of ours
 
 
+def _not_ours(path: Path, why: str) -> StoreSchemaError:
+    return StoreSchemaError(
+        f"cannot open SQLite store {str(path)!r}: {why}, so it is not an agentium-graph "
+        "database; point the store at the task database (a worker creates one on first use; "
+        "this file was left unchanged)", details={"path": str(path)})
+
+
+def _missing(path: Path) -> StoreError:
+    return StoreError(
+        f"cannot open SQLite store {str(path)!r}: the file does not exist and this store "
+        "does not create one; point the store at an existing task database",
+        details={"path": str(path)})
+
+
 def open_database(settings: Settings) -> sqlite3.Connection:
-    """Validate the file, open the read-write connection and ensure the schema."""
+    """Validate the file, open the read-write connection and ensure the schema (for a
+    read-only store: the read-only connection, see :func:`open_read_only`)."""
+    if settings.read_only:
+        return open_read_only(settings)[0]
     path = settings.path
-    _check_filesystem(path)
-    if path.exists() and path.stat().st_size > 0:
+    _check_filesystem(path, writable=True)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        size = -1  # a new file (dangling symlinks included): created below
+    if size > 0:
         with mapped_errors(path, "open (read-only probe)"):
             found = _probe(path)
-        _verify(found, path)
+        if _verify(found, path) == 0 and not settings.create:
+            raise _not_ours(path, "it is a SQLite database without agentium-graph tables")
+    elif not settings.create:
+        raise _missing(path) if size < 0 else _not_ours(path, "the file is empty")
     with mapped_errors(path, "open"):
         conn = sqlite3.connect(str(path), timeout=settings.busy_timeout_s,
                                isolation_level=None, check_same_thread=False,
@@ -105,33 +144,87 @@ def open_database(settings: Settings) -> sqlite3.Connection:
     return conn
 
 
-def _check_filesystem(path: Path) -> None:
+def open_read_only(settings: Settings) -> tuple[sqlite3.Connection, int]:
+    """A read-only connection to an existing agentium-graph file and its schema version
+    (an older version is read as it is, never migrated). Nothing is created or written."""
+    path = settings.path
+    _check_filesystem(path, writable=False)
+    if not path.exists():
+        raise _missing(path)
+    if path.stat().st_size == 0:
+        raise _not_ours(path, "the file is empty")
+    query = "?mode=ro"
+    if read_only_filesystem(path):
+        # SQLite cannot create the -shm file a WAL reader needs there. Nothing can change
+        # the file on a read-only mount, so it may be opened as immutable, unless a WAL
+        # file still holds commits (immutable would ignore them).
+        wal = path.with_name(path.name + "-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise StoreError(
+                f"cannot open SQLite store {str(path)!r}: it is on a read-only filesystem and "
+                f"its write-ahead log {str(wal)!r} holds commits not yet in the file; copy "
+                "the file with its -wal and -shm files to a writable location and open that",
+                details={"path": str(path)})
+        query += "&immutable=1"
+    with mapped_errors(path, "open (read-only)"):
+        conn = sqlite3.connect(path.absolute().as_uri() + query, uri=True,
+                               timeout=settings.busy_timeout_s, isolation_level=None,
+                               check_same_thread=False, cached_statements=256)
+        try:
+            version = _verify(_inspect(conn), path)
+            if version == 0:
+                raise _not_ours(path, "it is a SQLite database without agentium-graph tables")
+            conn.execute(f"PRAGMA busy_timeout = {int(settings.busy_timeout_s * 1000)}")
+        except BaseException:
+            conn.close()
+            raise
+    return conn, version
+
+
+def _check_filesystem(path: Path, *, writable: bool) -> None:
     directory = path.parent
     details = {"path": str(path), "directory": str(directory)}
+    if path.is_symlink() and not path.exists():
+        target = Path(os.path.realpath(path))  # SQLite follows the link to create the file
+        if not target.parent.is_dir():
+            raise StoreError(
+                f"cannot open SQLite store {str(path)!r}: it is a symlink to {str(target)!r}, "
+                f"whose directory {str(target.parent)!r} does not exist; create that "
+                "directory or fix the symlink", details={**details, "target": str(target)})
+        directory = target.parent
     if not directory.is_dir():
         raise StoreError(
             f"cannot open SQLite store {str(path)!r}: directory {str(directory)!r} does not "
             f"exist; create it first (mkdir -p {str(directory)!r}) or choose another path",
             details=details)
+    if writable and read_only_filesystem(directory):
+        raise StoreError(f"cannot open SQLite store {str(path)!r} for writing: "
+                         f"{read_only_fs_message(path)} (nothing was changed)", details=details)
     if not path.exists():
-        if not os.access(directory, os.W_OK | os.X_OK):
+        if writable and not os.access(directory, os.W_OK | os.X_OK):
             raise StoreError(
                 f"cannot create SQLite store {str(path)!r}: directory {str(directory)!r} is "
                 "not writable; make it writable or choose another path", details=details)
         return
     if not path.is_file():
-        raise StoreError(f"cannot open SQLite store {str(path)!r}: it is not a regular file; "
-                         "point the store at a file path", details=details)
+        what = "a directory, not a regular file" if path.is_dir() else "not a regular file"
+        raise StoreError(f"cannot open SQLite store {str(path)!r}: it is {what}; point the "
+                         "store at a database file path", details=details)
+    if not os.access(path, os.R_OK):
+        raise StoreError(f"cannot open SQLite store {str(path)!r}: the file is not readable "
+                         f"by this process; check its permissions (ls -l {str(path)!r})",
+                         details=details)
     # Mode bits as well as access(): root passes access() even on a file marked read-only.
-    if not os.access(path, os.R_OK | os.W_OK) or not path.stat().st_mode & (
-            stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+    if writable and (not os.access(path, os.W_OK) or not path.stat().st_mode & (
+            stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)):
         raise StoreError(
             f"cannot open SQLite store {str(path)!r}: the file is read-only; make it "
             f"writable (chmod u+w {str(path)!r}) or copy it to a writable location "
             "(the file was left unchanged)", details=details)
     with path.open("rb") as fh:
         magic = fh.read(len(_MAGIC))
-    if magic != _MAGIC:
+    # A 0-byte file is a database nobody has written yet (see the module docstring).
+    if magic and magic != _MAGIC:
         raise StoreSchemaError(
             f"cannot open SQLite store {str(path)!r}: the file is not a SQLite database; "
             "point the store at a new path (the file was left unchanged)", details=details)
@@ -196,13 +289,18 @@ def _verify(found: _Found, path: Path) -> int:
 def _prepare(conn: sqlite3.Connection, settings: Settings) -> None:
     # Validate again on the read-write connection: the file may have been created or
     # replaced since the probe (another process racing us to create it).
-    if _verify(_inspect(conn), settings.path) == SCHEMA_VERSION:
+    version = _verify(_inspect(conn), settings.path)
+    if version == 0 and not settings.create:  # before _configure writes the WAL header
+        raise _not_ours(settings.path, "it has no agentium-graph tables")
+    if version == SCHEMA_VERSION:
         _configure(conn, settings)
         return
     _configure(conn, settings)
     conn.execute("BEGIN IMMEDIATE")
     try:
         version = _verify(_inspect(conn), settings.path)  # under the write lock now
+        if version == 0 and not settings.create:
+            raise _not_ours(settings.path, "it has no agentium-graph tables")
         if version == 0:
             for statement in _DDL:
                 conn.execute(statement)

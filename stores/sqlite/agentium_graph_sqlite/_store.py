@@ -45,8 +45,13 @@ from agentium_graph.store._requests import (
 )
 from agentium_graph_sqlite import _ops
 from agentium_graph_sqlite._checkpoint import Checkpointer
-from agentium_graph_sqlite._errors import BusyError, busy_exhausted, mapped_errors
-from agentium_graph_sqlite._schema import Settings, open_database
+from agentium_graph_sqlite._errors import BusyError, busy_exhausted, check_text, mapped_errors
+from agentium_graph_sqlite._schema import (
+    SCHEMA_VERSION,
+    Settings,
+    open_database,
+    open_read_only,
+)
 
 log = logging.getLogger("agentium_graph.sqlite")
 
@@ -142,6 +147,25 @@ def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
         del job, call, future, result, error
 
 
+def _check_path(text: str) -> None:
+    """Refuse, without I/O, a path string no file can have or that names a directory."""
+    if "\0" in text:
+        raise ConfigurationError(
+            f"SQLiteDurableTaskStore path {text!r} contains a NUL character, which no file "
+            "path can hold; pass the database file's path")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigurationError(
+            f"SQLiteDurableTaskStore path {text!r} is not valid UTF-8 text (it holds a lone "
+            "surrogate, e.g. from an invalid byte in a shell argument); SQLite needs a UTF-8 "
+            "path: rename the file or its directory") from None
+    if text.endswith(("/", os.sep)) or text.endswith(("/.", "/..")) or text in (".", ".."):
+        raise ConfigurationError(
+            f"SQLiteDurableTaskStore path {text!r} names a directory; pass a database file "
+            "path inside it, e.g. " + repr(text.rstrip("/" + os.sep) + "/tasks.db"))
+
+
 @traced_store("sqlite")
 class SQLiteDurableTaskStore:
     """A durable task store in one SQLite file (WAL mode); safe for several processes.
@@ -166,6 +190,20 @@ class SQLiteDurableTaskStore:
       worker may redo work it had already reported done, including effects whose receipts
       were lost; use it only where that is acceptable.
 
+    ``read_only=True``: only read. The first operation opens the file with a read-only
+    connection (``mode=ro``): it must already be an agentium-graph-sqlite database (a
+    missing, empty or blank SQLite file, or another application's, is refused with a typed
+    error), and nothing is ever created, converted or migrated; a file of an older schema
+    version is read as it is (a writing store migrates it). The file itself may be
+    read-only. Every mutating operation raises :class:`~agentium_graph.StoreError` without
+    touching the file. This is how the ``agentium-graph`` CLI's ``list``, ``inspect`` and
+    ``timeline`` open a store.
+
+    ``create=False``: a writing store that refuses a file that is not already an
+    agentium-graph-sqlite database (missing, empty, or a SQLite file without our tables)
+    instead of creating the schema in it; an older schema is still migrated. The CLI's
+    writing commands (``cancel``, ``resolve``) use it.
+
     ``busy_timeout_s``: how long one attempt waits for another connection's write lock.
     ``busy_retries``: how many times a transaction that still found the database locked is
     retried (with jittered exponential backoff up to ``retry_max_wait_s``); when they run
@@ -188,7 +226,8 @@ class SQLiteDurableTaskStore:
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: Synchronous = "FULL",
                  busy_timeout_s: float = 5.0, busy_retries: int = 4,
-                 retry_max_wait_s: float = 0.5) -> None:
+                 retry_max_wait_s: float = 0.5, read_only: bool = False,
+                 create: bool = True) -> None:
         text = os.fspath(path)
         if not isinstance(text, str) or not text or text == ":memory:" or \
                 text.startswith("file:"):
@@ -199,6 +238,11 @@ class SQLiteDurableTaskStore:
             raise ConfigurationError(
                 f"SQLiteDurableTaskStore needs a filesystem path, got the URI {text!r}; pass "
                 f"the path part (for sqlite:///data/tasks.db pass 'data/tasks.db')")
+        _check_path(text)
+        if not isinstance(read_only, bool) or not isinstance(create, bool):
+            raise ConfigurationError(
+                f"read_only and create must be True or False, got read_only={read_only!r}, "
+                f"create={create!r}")
         sync = str(synchronous).upper()
         if sync not in ("FULL", "NORMAL"):
             raise ConfigurationError(
@@ -208,7 +252,10 @@ class SQLiteDurableTaskStore:
             raise ConfigurationError("busy_timeout_s and retry_max_wait_s must be positive "
                                      "and busy_retries must be >= 0")
         self._settings = Settings(path=Path(text).absolute(), synchronous=sync,
-                                  busy_timeout_s=float(busy_timeout_s))
+                                  busy_timeout_s=float(busy_timeout_s), read_only=read_only,
+                                  create=create)
+        # The file's schema version: an older one is read as it is by a read-only store.
+        self._version = SCHEMA_VERSION
         self._busy_retries = busy_retries
         self._retry_max_wait_s = retry_max_wait_s
         self._capabilities = StoreCapabilities(durable=True, multi_process=True,
@@ -237,6 +284,11 @@ class SQLiteDurableTaskStore:
         return self._settings.path
 
     @property
+    def read_only(self) -> bool:
+        """Whether this store only reads (see the class docstring)."""
+        return self._settings.read_only
+
+    @property
     def synchronous(self) -> Synchronous:
         return "FULL" if self._settings.synchronous == "FULL" else "NORMAL"
 
@@ -246,8 +298,10 @@ class SQLiteDurableTaskStore:
         return self._stats
 
     def __repr__(self) -> str:
+        mode = ", read_only=True" if self.read_only else \
+            ", create=False" if not self._settings.create else ""
         return (f"SQLiteDurableTaskStore({str(self.path)!r}, "
-                f"synchronous={self._settings.synchronous!r})")
+                f"synchronous={self._settings.synchronous!r}{mode})")
 
     # --- plumbing -----------------------------------------------------------------------
     def _closed_error(self) -> StoreError:
@@ -284,7 +338,10 @@ class SQLiteDurableTaskStore:
     def _connection(self) -> sqlite3.Connection:
         # Worker thread only. A failed open is not cached: the next operation tries again.
         if self._conn is None:
-            self._conn = open_database(self._settings)
+            if self._settings.read_only:
+                self._conn, self._version = open_read_only(self._settings)
+            else:
+                self._conn = open_database(self._settings)
         return self._conn
 
     def _call(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -317,6 +374,11 @@ class SQLiteDurableTaskStore:
 
     async def _write(self, op: str,
                      fn: Callable[[sqlite3.Connection], _ops.Outcome[T]]) -> T:
+        if self._settings.read_only:
+            raise StoreError(
+                f"SQLite store {str(self.path)!r}: {op} writes, but this store was opened "
+                "read-only (read_only=True); open it without read_only to change tasks "
+                "(nothing was written)", details={"path": str(self.path), "op": op})
         outcome = await self._submit(op, fn)
         if outcome.wrote:
             self._bump(commits=1, bytes_written=outcome.bytes)
@@ -362,36 +424,50 @@ class SQLiteDurableTaskStore:
                                        s.reads + reads, s.busy_retries + busy_retries)
 
     # --- DurableTaskStore -----------------------------------------------------------------
+    def _text(self, op: str, **fields: str | None) -> None:
+        """Refuse text sqlite3 cannot encode before it gets there (see check_text)."""
+        check_text(self.path, op, **fields)
+
     async def create_task(self, request: CreateTaskRequest) -> CreateTaskResult:
+        self._text("create_task", key=request.header.key)
         return await self._write("create_task", self._op(_ops.create_task, request))
 
     async def get_header(self, key: str) -> TaskHeader | None:
+        self._text("get_header", key=key)
         return await self._read("get_header", functools.partial(_ops.get_header, key=key))
 
     async def get_task(self, key: str) -> TaskSnapshot | None:
+        self._text("get_task", key=key)
         return await self._read("get_task", functools.partial(_ops.get_task, key=key))
 
     async def get_identity(self, key: str) -> TaskIdentity | None:
+        self._text("get_identity", key=key)
         return await self._read("get_identity",
                                 functools.partial(_ops.get_identity, key=key))
 
     async def list_tasks(self, request: ListTasksRequest) -> list[TaskHeader]:
+        self._text("list_tasks", after=request.after)
         return await self._read("list_tasks",
                                 functools.partial(_ops.list_tasks, request=request))
 
     async def acquire_lease(self, request: AcquireLeaseRequest) -> LeaseGrant:
+        self._text("acquire_lease", key=request.key, worker_id=request.worker_id)
         return await self._write("acquire_lease", self._op(_ops.acquire, request))
 
     async def renew_lease(self, request: RenewLeaseRequest) -> LeaseStatus:
+        self._text("renew_lease", key=request.key, worker_id=request.worker_id)
         return await self._write("renew_lease", self._op(_ops.renew, request))
 
     async def release_lease(self, request: ReleaseLeaseRequest) -> TaskHeader:
+        self._text("release_lease", key=request.key, worker_id=request.worker_id)
         return await self._write("release_lease", self._op(_ops.release, request))
 
     async def request_cancel(self, request: CancelTaskRequest) -> TaskHeader:
+        self._text("request_cancel", key=request.key, reason=request.reason)
         return await self._write("request_cancel", self._op(_ops.cancel, request))
 
     async def commit(self, request: CommitRequest) -> CommitResult:
+        self._text("commit", key=request.key, worker_id=request.worker_id)
         return await self._write("commit", self._op(_ops.commit, request))
 
     async def get_blobs(self, digests: Sequence[str]) -> dict[str, str]:
@@ -401,8 +477,12 @@ class SQLiteDurableTaskStore:
                                 functools.partial(_ops.get_blobs, digests=list(digests)))
 
     async def read_timeline(self, request: TimelineRequest) -> list[JournalEntry]:
-        return await self._read("read_timeline",
-                                functools.partial(_ops.read_timeline, request=request))
+        self._text("read_timeline", key=request.key)
+
+        def read(conn: sqlite3.Connection) -> list[JournalEntry]:
+            # Runs after _connection(): a read-only store knows the file's version by then.
+            return _ops.read_timeline(conn, request, version=self._version)
+        return await self._read("read_timeline", read)
 
     async def close(self) -> None:
         """Close the connection and stop the worker thread; closing twice is a no-op."""
