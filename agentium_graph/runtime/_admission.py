@@ -4,7 +4,9 @@ One permit covers one controlled leaf dispatch (a tool callback or a provider re
 stream). Containers (graphs, repeats, agents waiting on children) never hold one. Waiters
 are served strictly in arrival order; a waiter is rejected when the task is canceled or its
 deadline passes while it is queued. Persisted counters are charged by the caller, in the
-same commit that records the attempt, before anything is dispatched.
+same commit that records the attempt, before anything is dispatched. An effect gives its
+permit up while it only looks up what happened and queues again (``reacquire``) before a
+dispatch that follows the lookup.
 """
 
 from __future__ import annotations
@@ -95,14 +97,17 @@ class AdmissionController:
                 f"({current_context()!r}) is rejected; model the work as a plan node",
                 node_id=node_id)
         ticket = Ticket(node_id=node_id, future=asyncio.get_running_loop().create_future())
+        self._enqueue(ticket)
+        return ticket
+
+    def _enqueue(self, ticket: Ticket) -> None:
         self._queue.append(ticket)
         self._grant_waiting()
         if not ticket.granted:
-            self.emit("queued", node_id)
+            self.emit("queued", ticket.node_id)
             ticket.wait_span = start_span("agentium_graph.admission.wait", {
-                "agentium.task.key": self.key, "agentium.node.id": node_id or "",
+                "agentium.task.key": self.key, "agentium.node.id": ticket.node_id or "",
                 "agentium.admission.queued": len(self._queue)})
-        return ticket
 
     def _grant_waiting(self) -> None:
         while self._queue and self._active < self.capacity:
@@ -122,12 +127,29 @@ class AdmissionController:
 
     async def acquire(self, node_id: str | None) -> Ticket:
         ticket = self.request(node_id)
+        await self._granted(ticket)
+        return ticket
+
+    async def reacquire(self, ticket: Ticket) -> None:
+        """Wait for a permit again with a ticket whose permit was released meanwhile (an
+        effect gives its permit up while it only looks up what happened, and needs one to
+        dispatch again). It queues at the back, FIFO like any request: it gave its place
+        up. The same ticket object, so whoever releases it at the end still does.
+
+        Raises ``CancelledError`` when rejected (a stop) or canceled while it waits."""
+        if ticket.granted and not ticket.released:
+            return  # it still holds its permit
+        ticket.granted = ticket.released = False
+        ticket.future = asyncio.get_running_loop().create_future()
+        self._enqueue(ticket)
+        await self._granted(ticket)
+
+    async def _granted(self, ticket: Ticket) -> None:
         try:
             await ticket.future
         except asyncio.CancelledError:
             self.withdraw(ticket)
             raise
-        return ticket
 
     def withdraw(self, ticket: Ticket, reason: str | None = None) -> None:
         """Leave the queue without a permit (or release one if it was granted meanwhile)."""

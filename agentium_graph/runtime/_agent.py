@@ -10,6 +10,12 @@ the same way. On recovery the node restarts from entry: a request whose digest m
 journaled response replays it (same text, same tool-call ids) with no provider call and no
 new charge; journaled tool results are reused. An interrupted call is simply asked again;
 its reservation stays charged as unknown usage.
+
+Canceling the agent (a task cancel or deadline) cancels its model calls, never an effect in
+flight: a connector-backed tool call runs to its end in a task of its own (dispatch bounded by
+``effect_timeout``, a failed dispatch reconciled, the receipt journaled) and only then does
+the agent end canceled, without asking the model again. A run that abandons its work (lease
+lost, store failure) cancels that call too, like an effect node's; the next run reconciles.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import asyncio
 import contextlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -87,16 +93,19 @@ class AgentFailure(NodeFailedError):
     code = "agent_failed"
 
 
-class _Uncertain(Exception):
+class _Settled(Exception):
+    """A tool call's outcome that ends the agent node as it is (an uncertain effect, a
+    failed one whose action must be recorded, an interrupted or stopped one)."""
+
     def __init__(self, outcome: Outcome) -> None:
-        super().__init__("uncertain effect")
+        super().__init__(f"tool call ended the node: {outcome.state}")
         self.outcome = outcome
 
 
 async def run_agent(run: TaskRun, spec: NodeSpec, args: dict[str, Any]) -> Outcome:
     try:
         return await _loop(run, spec, args)
-    except _Uncertain as exc:
+    except _Settled as exc:
         return exc.outcome
 
 
@@ -303,21 +312,70 @@ async def _tool_call(run: TaskRun, spec: NodeSpec, tools: dict[str, ToolBinding]
     if errors:
         raise schema_error(AgentFailure, spec.id, f"tool call {call.id} ({tool.id}) arguments",
                            errors[0])
-    sub = NodeSpec(id=spec.id, local=spec.local, scope=spec.scope, binding=tool,
-                   args=call.arguments, refs=(), deps=())
     if tool.connector is not None:
-        outcome = await _effect_call(run, spec, sub, call)
-    else:
-        outcome = await _pure_call(run, spec, tool, call)
-    if outcome.state in ("uncertain", "budget"):
+        sub = NodeSpec(id=spec.id, local=spec.local, scope=spec.scope, binding=tool,
+                       args=call.arguments, refs=(), deps=())
+        return await _unpreempted(run, _effect_tool(run, spec, sub, call),
+                                  name=f"effect:{run.key}:{spec.id}:{call.id}")
+    return await _journal(run, spec, tool, call, await _pure_call(run, spec, tool, call))
+
+
+async def _effect_tool(run: TaskRun, spec: NodeSpec, sub: NodeSpec, call: ToolCall) -> Any:
+    tool = sub.binding
+    assert isinstance(tool, ToolBinding)
+    return await _journal(run, spec, tool, call, await _effect_call(run, spec, sub, call))
+
+
+async def _unpreempted(run: TaskRun, work: Coroutine[Any, Any, Any], *, name: str) -> Any:
+    """Await ``work`` (an effect call and its journaling) in a task of its own that a stop
+    of the run does not cancel: accepted remote work must still get its receipt (or its
+    failed dispatch a reconciliation). When the agent was canceled meanwhile, the
+    cancellation goes on once ``work`` ended, unless ``work`` ended the node itself
+    (uncertain, failed). A second cancellation, or one while the run is not stopping
+    (it abandons its work), cancels ``work`` as an effect node's would be."""
+    inner = asyncio.create_task(work, name=name)
+    stopping: asyncio.CancelledError | None = None
+    while not inner.done():
+        try:
+            await asyncio.wait({inner})
+        except asyncio.CancelledError as exc:
+            if stopping is not None or not _effects_settle(run):
+                inner.cancel()
+                await asyncio.wait({inner})
+                if not inner.cancelled():
+                    inner.exception()  # retrieved: the run is abandoning this work anyway
+                raise
+            stopping = exc
+    if stopping is None or inner.cancelled() or inner.exception() is not None:
+        return inner.result()
+    raise stopping
+
+
+def _effects_settle(run: TaskRun) -> bool:
+    """Whether a cancellation of the agent is a stop of a live run (cancel, deadline), which
+    waits for an effect in flight, rather than the run abandoning its work."""
+    return run.lost is None and run.stop is not None and \
+        run.stop.reason in ("canceled", "deadline")
+
+
+async def _journal(run: TaskRun, spec: NodeSpec, tool: ToolBinding, call: ToolCall,
+                   outcome: Outcome) -> Any:
+    """Journal a tool call's result (and its action's receipt) and return its output, or
+    end the node as the outcome says."""
+    if outcome.state in ("uncertain", "budget", "canceled"):
         if outcome.state == "budget" and isinstance(outcome.exception, BudgetExhaustedError):
             raise outcome.exception
-        raise _Uncertain(outcome)
+        raise _Settled(outcome)
     if outcome.state != "completed":
         info = outcome.error or ErrorInfo(code="agent_tool_failed", message=outcome.state)
-        raise AgentFailure(f"agent node {spec.id!r}: tool call {call.id} ({tool.id}) "
-                           f"{outcome.state}: {info.message}", node_id=spec.id,
-                           details={"tool": tool.id, "call_id": call.id}, cause=info)
+        error = AgentFailure(f"agent node {spec.id!r}: tool call {call.id} ({tool.id}) "
+                             f"{outcome.state}: {info.message}", node_id=spec.id,
+                             details={"tool": tool.id, "call_id": call.id}, cause=info)
+        if outcome.action is None:
+            raise error
+        # The action is settled too (e.g. rejected: proved absent), with the node's failure.
+        raise _Settled(Outcome("failed", error=ErrorInfo.from_exception(error),
+                               exception=error, action=outcome.action))
     assert outcome.text is not None and outcome.digest is not None
     steps: list[Any] = [AppendJournal(kind=TOOL_KIND, node_id=spec.id, data={
         "call_id": call.id, "tool": tool.id, "digest": outcome.digest})]
@@ -360,7 +418,7 @@ async def _effect_call(run: TaskRun, spec: NodeSpec, sub: NodeSpec, call: ToolCa
         if existing is None or existing.state == "intent":
             steps, _, _ = effects.start_steps(run, sub, rec, "", args, "", call_id=call.id)
             await run.submit(steps[1:])  # no new node attempt: the agent's attempt covers it
-        return await effects.execute_effect(run, sub, args, call_id=call.id)
+        return await effects.execute_effect(run, sub, args, call_id=call.id, permit=ticket)
     finally:
         run.admission.release(ticket)
 

@@ -12,6 +12,12 @@ dispatch again:
 * idempotent destination          -> dispatch again with the same action id;
 * ``Unknown``, exception, timeout -> never dispatch again: the node becomes ``uncertain``
                                      and the task ``recovery_required``.
+
+A dispatch that fails (raises, times out, or returns something else) is reconciled the same
+way at once. A ``CancelledError`` the connector's own code raises is such a failure too;
+only a cancellation of the running task itself (the run abandoning its work) propagates.
+Lookups hold no root permit: the caller's permit is given up before one and taken again,
+FIFO, only before a dispatch that follows it.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from agentium_graph._otel import span
 from agentium_graph.catalog._bindings import ToolBinding
 from agentium_graph.connectors import Absent, ActionOutcome, ActionRequest, Unknown
 from agentium_graph.errors import BudgetExhaustedError, ErrorInfo, NodeFailedError
+from agentium_graph.runtime._admission import Ticket
 from agentium_graph.runtime._blobs import read_verified
 from agentium_graph.runtime._graph import NodeSpec
 from agentium_graph.runtime._outcome import Outcome, check_output
@@ -94,13 +101,26 @@ def start_steps(run: TaskRun, node: NodeSpec, rec: NodeRecord, attempt: str,
     return steps, DISPATCH_CHARGES, base
 
 
+def runtime_cancelled() -> bool:
+    """Whether the current task itself was canceled (by the runtime), as opposed to a
+    ``CancelledError`` raised by code it awaits (a connector letting an inner task's
+    cancellation escape), which is an ordinary failure of that code."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 async def execute_effect(run: TaskRun, node: NodeSpec, args: dict[str, Any], *,
-                         call_id: str = "node") -> Outcome:
-    """Dispatch (or reconcile) the node's action; never dispatch blindly twice."""
+                         call_id: str = "node", permit: Ticket | None = None) -> Outcome:
+    """Dispatch (or reconcile) the node's action; never dispatch blindly twice.
+
+    ``permit``: the root permit held for it (by default the effect node's own), given up
+    while a lookup runs and taken again before a dispatch after one."""
     binding = node.binding
     assert isinstance(binding, ToolBinding)
     connector = binding.typed_connector
     rec = run.nodes[node.id]
+    if permit is None and node.id in run.running:
+        permit = run.running[node.id].ticket
     act = action_id_for(run, rec, binding, args, call_id)
     action = run.actions[act]
     request = ActionRequest(action_id=act, result_ref=action.result_ref, binding_id=binding.id,
@@ -110,7 +130,7 @@ async def execute_effect(run: TaskRun, node: NodeSpec, args: dict[str, Any], *,
     if action.state == "confirmed":
         return await _reuse_receipt(run, node, action)
     if action.state == "dispatching" and action.fence < run.fence:
-        verdict = await reconcile(run, connector, action)
+        verdict = await _lookup(run, connector, action, permit)
         if isinstance(verdict, ActionOutcome):
             return receipt(run, node, action, verdict, source="reconcile")
         if not isinstance(verdict, Absent) and not connector.idempotent_destination:
@@ -118,45 +138,88 @@ async def execute_effect(run: TaskRun, node: NodeSpec, args: dict[str, Any], *,
         why = "absent" if isinstance(verdict, Absent) else "idempotent destination"
         number = action.dispatches + 1
         adm = dispatch_admission(act, number)
-        action = action.model_copy(update={"state": "dispatching", "dispatches": number,
-                                           "admission_id": adm, "fence": run.fence,
-                                           "reason": f"redispatch: {why}"})
+        again = action.model_copy(update={"state": "dispatching", "dispatches": number,
+                                          "admission_id": adm, "fence": run.fence,
+                                          "reason": f"redispatch: {why}"})
         try:
+            if permit is not None:
+                await run.admission.reacquire(permit)
             await run.submit([Charge(admission_id=adm, charges=DISPATCH_CHARGES,
-                                     node_id=node.id), RecordAction(action=action)])
+                                     node_id=node.id), RecordAction(action=again)])
         except BudgetExhaustedError as exc:
             return Outcome("budget", exception=exc)
-    return await _dispatch(run, node, connector, request, action)
+        except asyncio.CancelledError:
+            if runtime_cancelled() or run.stop is None:
+                raise
+            # The run began stopping while this waited for its permit or its charge.
+            return _not_dispatched_again(run, action, verdict)
+        action = again
+    return await _dispatch(run, node, connector, request, action, permit)
+
+
+def _not_dispatched_again(run: TaskRun, action: ActionRecord,
+                          verdict: Absent | Unknown) -> Outcome:
+    """A recovered action that was to be dispatched again when the run began stopping."""
+    assert run.stop is not None
+    if run.stop.reason in ("budget", "recovery"):
+        # The task stays resumable: the node stays running and the next run reconciles the
+        # action again (an outcome in state "budget" without an exception: interrupted).
+        return Outcome("budget")
+    if isinstance(verdict, Absent):
+        return Outcome("canceled", action=action.model_copy(update={
+            "state": "rejected", "fence": run.fence, "reason": "proved absent; not "
+            f"dispatched again because the task stopped ({run.stop.reason})"}))
+    return uncertain(run, action, f"lookup: {verdict.reason}; not dispatched again to the "
+                     f"idempotent destination because the task stopped ({run.stop.reason})")
 
 
 async def _dispatch(run: TaskRun, node: NodeSpec, connector: Any, request: ActionRequest,
-                    action: ActionRecord) -> Outcome:
+                    action: ActionRecord, permit: Ticket | None) -> Outcome:
     with span("agentium_graph.connector.dispatch", {"agentium.task.key": run.key,
                                                     "agentium.node.id": node.id,
                                                     "agentium.action.id": action.action_id}):
+        failure: BaseException | None = None
         try:
             result = await asyncio.wait_for(connector.dispatch(request), run.rt.effect_timeout)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # dispatch failed or timed out: did it take effect?
-            log.warning("task %s node %s: dispatch of %s failed (%r); reconciling",
-                        run.key, node.id, action.action_id, exc)
-            verdict = await reconcile(run, connector, action)
-            if isinstance(verdict, ActionOutcome):
-                return receipt(run, node, action, verdict, source="reconcile")
-            if isinstance(verdict, Absent):
-                info = ErrorInfo.from_exception(exc, node_id=node.id)
-                rejected = action.model_copy(update={
-                    "state": "rejected", "reason": f"dispatch failed and the connector proved "
-                    f"the action absent: {info.message}"})
-                return Outcome("failed", error=info.model_copy(update={
-                    "code": "effect_dispatch_failed"}), action=rejected)
-            return uncertain(run, action, f"dispatch raised {type(exc).__name__}: {exc}; "
-                             f"lookup: {verdict.reason}")
+        except asyncio.CancelledError as exc:
+            if runtime_cancelled():
+                raise  # the run abandons its work: the next run reconciles it
+            failure = exc  # the connector's own code let a cancellation escape
+        except Exception as exc:
+            failure = exc
+        if failure is not None:  # dispatch failed or timed out: did it take effect?
+            return await _failed(run, node, connector, action, failure, permit)
     if not isinstance(result, ActionOutcome):
         return uncertain(run, action, f"connector returned {type(result).__name__}, not an "
                          "ActionOutcome")
     return receipt(run, node, action, result, source="dispatch")
+
+
+async def _failed(run: TaskRun, node: NodeSpec, connector: Any, action: ActionRecord,
+                  exc: BaseException, permit: Ticket | None) -> Outcome:
+    log.warning("task %s node %s: dispatch of %s failed (%r); reconciling",
+                run.key, node.id, action.action_id, exc)
+    verdict = await _lookup(run, connector, action, permit)
+    if isinstance(verdict, ActionOutcome):
+        return receipt(run, node, action, verdict, source="reconcile")
+    if isinstance(verdict, Absent):
+        info = ErrorInfo.from_exception(exc, node_id=node.id)
+        rejected = action.model_copy(update={
+            "state": "rejected", "reason": f"dispatch failed and the connector proved "
+            f"the action absent: {info.message}"})
+        return Outcome("failed", error=info.model_copy(update={
+            "code": "effect_dispatch_failed"}), action=rejected)
+    return uncertain(run, action, f"dispatch raised {type(exc).__name__}: {exc}; "
+                     f"lookup: {verdict.reason}")
+
+
+async def _lookup(run: TaskRun, connector: Any, action: ActionRecord,
+                  permit: Ticket | None) -> ActionOutcome | Absent | Unknown:
+    """:func:`reconcile` holding no root permit: ``permit`` is released first (the runtime
+    releases it again at the end, which is then a no-op)."""
+    if permit is not None:
+        run.admission.release(permit)
+    return await reconcile(run, connector, action)
 
 
 def receipt(run: TaskRun, node: NodeSpec, action: ActionRecord, result: ActionOutcome,
@@ -193,7 +256,9 @@ async def reconcile(run: TaskRun, connector: Any,
                 verdict = await asyncio.wait_for(connector.resolve_result(action.result_ref),
                                                  run.rt.lookup_timeout)
             except asyncio.CancelledError:
-                raise
+                if runtime_cancelled():
+                    raise
+                return Unknown(reason="lookup failed: it raised CancelledError itself")
             except Exception as exc:
                 return Unknown(reason=f"lookup failed: {type(exc).__name__}: {exc}")
         if isinstance(verdict, ActionOutcome | Absent | Unknown):

@@ -117,7 +117,9 @@ def _cancellable(run: TaskRun, node_id: str) -> bool:
     spec = run.graph.specs.get(node_id)
     binding = spec.binding if spec is not None else None
     if isinstance(binding, AgentBinding):
-        return True  # an agent's model calls are cancellable; its effects settle first
+        # An agent's model calls are cancellable; an effect call it has in flight runs to
+        # its end in a task of its own first (_agent._unpreempted).
+        return True
     return isinstance(binding, ToolBinding) and binding.execute is not None and \
         inspect.iscoroutinefunction(binding.execute)
 
