@@ -33,8 +33,13 @@ def resolve_command(config: object, key: str, action_id: str, absent: bool,
     Exactly one of --absent or --output is required. A second, different resolution of the
     same action is rejected.
     """
-    from agentium_graph.cli import CliConfig, run_with_store
+    from agentium_graph.cli import CliConfig, require_text, run_with_store
 
+    require_text(KEY=key, ACTION_ID=action_id, **{"--actor": actor, "--output": output_json,
+                                                  "--result-ref": result_ref})
+    if not actor.strip():
+        raise click.BadParameter("must name who attests the resolution, not be blank",
+                                 param_hint="'--actor'")
     if absent == (output_json is not None):
         raise click.UsageError("give exactly one of --absent or --output JSON")
     verdict: ActionOutcome | Absent

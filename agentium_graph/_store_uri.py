@@ -46,7 +46,8 @@ class StoreURI:
 
 
 def redact(uri: str) -> str:
-    """``uri`` with any password replaced by ``***``, fit for messages and logs."""
+    """``uri`` with any password replaced by ``***``, fit for messages and logs. Only a
+    ``user:password@`` part is changed: ``user@`` and an empty ``@`` have no password."""
     head, sep, tail = uri.partition("://")
     userinfo, at, host = tail.rpartition("@")
     if not sep or not at or ":" not in userinfo:
@@ -83,15 +84,30 @@ def parse_store_uri(uri: str, *, database: str | None = None) -> StoreURI:
             raise _bad(uri, "a sqlite URI has three slashes before a relative path and four "
                             "before an absolute one")
         raw = uri[len(_SQLITE_PREFIX):]
-        if not raw.strip() or raw.endswith(("/", os.sep)):
+        if not raw.strip():
             raise _bad(uri, "the database file path is missing")
+        if raw.endswith(("/", os.sep)):
+            raise _bad(uri, f"{raw!r} names a directory; add the database file's name "
+                            f"(e.g. {raw.rstrip('/' + os.sep)}/tasks.db)")
         if raw == ":memory:":
             raise _bad(uri, "an in-memory database is not durable; name a file")
+        if "\0" in raw:
+            raise _bad(uri, "the path contains a NUL character, which no file path can hold")
+        if not _is_utf8(raw):
+            raise _bad(uri, "the path is not valid UTF-8 text (it holds a byte that is not "
+                            "UTF-8); SQLite needs a UTF-8 path: rename the file or directory")
         return StoreURI(scheme="sqlite", uri=uri, path=Path(raw).expanduser())
     if scheme in _MONGO_SCHEMES:
         parts = urlsplit(uri)
         if not rest.startswith("//") or not parts.netloc or parts.netloc.endswith("@"):
             raise _bad(uri, "a mongodb URI needs a host after '//'")
+        if not _is_utf8(uri):
+            raise _bad(uri, "it is not valid UTF-8 text")
+        userinfo = parts.netloc.rpartition("@")[0] if "@" in parts.netloc else None
+        if userinfo is not None and not userinfo.partition(":")[0]:
+            raise _bad(uri, "the user name before '@' is empty; write user:password@host, "
+                            "or leave out the '@' to connect without credentials")
+        _check_mongodb_options(uri, parts.query)
         name = database if database is not None else (
             unquote(parts.path.lstrip("/")) or DEFAULT_MONGODB_DATABASE)
         if not name or "/" in name or any(c in name for c in ' ."$\\\0'):
@@ -100,13 +116,40 @@ def parse_store_uri(uri: str, *, database: str | None = None) -> StoreURI:
     raise _bad(uri, f"unknown scheme {scheme!r}")
 
 
-def open_store_uri(uri: str, *, database: str | None = None,
-                   must_exist: bool = False) -> DurableTaskStore:
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_mongodb_options(uri: str, query: str) -> None:
+    """Refuse an unknown or invalid ``?option=value`` up front: pymongo only warns about
+    one and goes on without it (a bad serverSelectionTimeoutMS then waits its 30 s default)."""
+    if not query:
+        return
+    try:
+        from pymongo.uri_parser import split_options
+    except ImportError:  # pragma: no cover - without pymongo the store cannot be opened
+        return
+    try:
+        split_options(query, validate=True, warn=False)
+    except Exception as exc:  # pymongo raises ConfigurationError, ValueError or TypeError
+        raise _bad(uri, f"bad option in {query!r}: {exc}") from None
+
+
+def open_store_uri(uri: str, *, database: str | None = None, must_exist: bool = False,
+                   read_only: bool = False) -> DurableTaskStore:
     """Construct the store a URI names; like every store constructor, this does no I/O.
 
-    ``must_exist=True`` (readers such as the CLI) refuses a SQLite path whose file does
-    not exist instead of letting the store create an empty database there. A store whose
-    package is not installed raises StoreError saying which package to install.
+    ``must_exist=True`` (the CLI) refuses a SQLite path whose file does not exist instead
+    of letting the store create an empty database there, and opens it with
+    ``create=False`` so a file without agentium-graph tables is refused, not initialized.
+    ``read_only=True`` opens a SQLite file read-only (``SQLiteDurableTaskStore(...,
+    read_only=True)``: nothing is created, converted or migrated; for MongoDB it has no
+    effect). A store whose package is not installed raises StoreError saying which
+    package to install.
     """
     parsed = parse_store_uri(uri, database=database)
     if parsed.scheme == "sqlite":
@@ -114,6 +157,7 @@ def open_store_uri(uri: str, *, database: str | None = None,
         if must_exist and not parsed.path.is_file():
             where = parsed.path.parent
             why = ("its directory does not exist" if not where.is_dir()
+                   else "it is a directory, not a database file" if parsed.path.is_dir()
                    else "no such file")
             raise StoreError(
                 f"no SQLite task database at {str(parsed.path)!r} ({why}); check --store "
@@ -121,7 +165,9 @@ def open_store_uri(uri: str, *, database: str | None = None,
                 "AGENTIUM_STORE", details={"path": str(parsed.path)})
         cls = _store_class("agentium_graph_sqlite", "SQLiteDurableTaskStore",
                            "agentium-graph-sqlite")
-        store: DurableTaskStore = cls(parsed.path)
+        options = {"read_only": True} if read_only else {"create": False} if must_exist \
+            else {}
+        store: DurableTaskStore = cls(parsed.path, **options)
         return store
     cls = _store_class("agentium_graph_mongodb", "MongoDBDurableTaskStore",
                        "agentium-graph-mongodb")

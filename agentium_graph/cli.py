@@ -5,8 +5,9 @@ the :data:`cli` group and gets its store through :func:`run_with_store`, which o
 ``--store`` URI, awaits the command's coroutine and always closes the store. New commands
 (``demo``, ``resolve``) are added the same way, or with ``cli.add_command(...)``.
 
-The CLI never runs a task: ``inspect`` and ``timeline`` only read, and ``cancel`` records a
-cancel request that the worker holding the task's lease observes.
+The CLI never runs a task: ``list``, ``inspect`` and ``timeline`` only read (a SQLite file is
+opened read-only: nothing is created or migrated), and ``cancel`` records a cancel request
+that the worker holding the task's lease observes. No command creates a database.
 
 Exit codes (:data:`EXIT_CODES`): 0 ok; 1 any other error; 2 usage (a bad option, a bad
 ``--store`` URI or cursor); 3 no task under that key; 4 the store cannot be opened or is
@@ -19,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import re
+import shlex
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from agentium_graph._store_uri import open_store_uri
+from agentium_graph._store_uri import open_store_uri, redact
 from agentium_graph.catalog._catalog import HostCatalog
 from agentium_graph.errors import (
     AgentiumGraphError,
@@ -55,7 +57,7 @@ from agentium_graph.store._requests import CancelTaskRequest, ListTasksRequest
 
 __all__ = [
     "EXIT_CODES", "EXIT_ERROR", "EXIT_NOT_FOUND", "EXIT_STORE", "EXIT_USAGE", "CancelOutcome",
-    "CliConfig", "TaskList", "cli", "exit_code_for", "main", "run_with_store",
+    "CliConfig", "TaskList", "cli", "exit_code_for", "main", "require_text", "run_with_store",
 ]
 
 T = TypeVar("T")
@@ -90,6 +92,31 @@ def _one_line(exc: AgentiumGraphError) -> str:
     return " ".join((str(exc) or exc.code).split())
 
 
+def require_text(**values: str | None) -> None:
+    """Refuse a command-line string that is not valid UTF-8 text (stores keep UTF-8): an
+    argument holding bytes that are not UTF-8 reaches Python as lone surrogates
+    ('\\udcff'). Raises ConfigurationError (exit 2) naming the argument."""
+    for name, value in values.items():
+        if value is None:
+            continue
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ConfigurationError(
+                f"{name} {value!r} is not valid UTF-8 text (the byte at position {exc.start} "
+                f"is not UTF-8, shown as {value[exc.start]!r}); pass it as UTF-8 text",
+                details={"argument": name}) from None
+
+
+def _text(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """click callback: check a string parameter with :func:`require_text` as it is parsed."""
+    if value is not None:
+        name = (param.opts[0] if isinstance(param, click.Option) and param.opts
+                else param.human_readable_name)
+        require_text(**{name: value})
+    return value
+
+
 class _Group(click.Group):
     """Reports every SDK error raised by any subcommand as one ``error:`` line on stderr."""
 
@@ -109,15 +136,25 @@ class CliConfig:
 
     store_uri: str
     database: str | None = None
+    # Whether --store was given on the command line (not from AGENTIUM_STORE or the
+    # default): paging hints repeat it then.
+    store_given: bool = False
 
 
-def run_with_store(config: CliConfig, fn: Callable[[DurableTaskStore], Awaitable[T]]) -> T:
-    """Open the configured store (it must already exist), await ``fn(store)``, close it."""
-    return asyncio.run(_with_store(config, fn))
+def run_with_store(config: CliConfig, fn: Callable[[DurableTaskStore], Awaitable[T]], *,
+                   read_only: bool = False) -> T:
+    """Open the configured store (it must already exist), await ``fn(store)``, close it.
+
+    ``read_only=True`` for commands that only read: a SQLite file is then opened read-only
+    (nothing is created, converted or migrated); otherwise a file that is not already an
+    agentium-graph database is refused rather than initialized."""
+    return asyncio.run(_with_store(config, fn, read_only=read_only))
 
 
-async def _with_store(config: CliConfig, fn: Callable[[DurableTaskStore], Awaitable[T]]) -> T:
-    store = open_store_uri(config.store_uri, database=config.database, must_exist=True)
+async def _with_store(config: CliConfig, fn: Callable[[DurableTaskStore], Awaitable[T]],
+                      read_only: bool = False) -> T:
+    store = open_store_uri(config.store_uri, database=config.database, must_exist=True,
+                           read_only=read_only)
     try:
         result = await fn(store)
     except BaseException:
@@ -134,6 +171,17 @@ async def _header(store: DurableTaskStore, key: str) -> TaskHeader:
     if header is None:
         raise TaskNotFoundError(key)
     return header
+
+
+def _hint(config: CliConfig, args: Sequence[str]) -> str:
+    """A command line to paste: the group options given on the command line (the store
+    URI redacted like every message), then ``args``, each shell-quoted."""
+    words = ["agentium-graph"]
+    if config.store_given:
+        words += ["--store", redact(config.store_uri)]
+    if config.database is not None:
+        words += ["--database", config.database]
+    return shlex.join([*words, *args])
 
 
 def _reader(store: DurableTaskStore) -> ExecutionGraphRuntime:
@@ -196,7 +244,8 @@ def cli(ctx: click.Context, store_uri: str, database: str | None) -> None:
     Exit codes: 0 ok, 1 error, 2 usage (bad option, --store URI or cursor),
     3 unknown task key, 4 store cannot be opened or is unavailable.
     """
-    ctx.obj = CliConfig(store_uri=store_uri, database=database)
+    given = ctx.get_parameter_source("store_uri") == click.core.ParameterSource.COMMANDLINE
+    ctx.obj = CliConfig(store_uri=store_uri, database=database, store_given=given)
 
 
 def main() -> None:
@@ -211,11 +260,11 @@ def main() -> None:
               help="Only tasks with this status.")
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True,
               help="At most this many tasks.")
-@click.option("--after", metavar="KEY", default=None,
+@click.option("--after", metavar="KEY", callback=_text, default=None,
               help="Only keys sorted after KEY (the next_after of the previous page).")
 @json_option
-@click.pass_obj
-def list_command(config: CliConfig, status: str | None, limit: int, after: str | None,
+@click.pass_context
+def list_command(ctx: click.Context, status: str | None, limit: int, after: str | None,
                  as_json: bool) -> None:
     """List tasks in key order, with status, lease and counters."""
 
@@ -228,11 +277,19 @@ def list_command(config: CliConfig, status: str | None, limit: int, after: str |
         more = len(headers) > limit or (limit == 1000 and len(headers) == 1000)
         return TaskList(tasks=page, next_after=page[-1].key if more and page else None)
 
-    result = run_with_store(config, fetch)
+    config: CliConfig = ctx.obj
+    result = run_with_store(config, fetch, read_only=True)
     if as_json:
         _emit_json(result)
-    else:
-        _render_list(_console(), result, status)
+        return
+    _render_list(_console(), result, status)
+    if result.next_after is not None:
+        args = ["list"]
+        if status is not None:
+            args += ["--status", status]
+        if ctx.get_parameter_source("limit") == click.core.ParameterSource.COMMANDLINE:
+            args += ["--limit", str(limit)]
+        click.echo(f"more: {_hint(config, [*args, '--after', result.next_after])}")
 
 
 def _render_list(console: Console, result: TaskList, status: str | None) -> None:
@@ -248,14 +305,12 @@ def _render_list(console: Console, result: TaskList, status: str | None) -> None
           Text(h.cancel.reason if h.cancel else "-"),
           str(h.counters.get("work_attempts", 0)), _relative(h.updated_at, now)]
          for h in result.tasks]))
-    if result.next_after is not None:
-        click.echo(f"more: agentium-graph list --after {result.next_after}")
 
 
 # --- inspect ------------------------------------------------------------------------------
 
 @cli.command("inspect", short_help="Show a task: status, lease, counters, nodes.")
-@click.argument("key")
+@click.argument("key", callback=_text)
 @json_option
 @click.pass_obj
 def inspect_command(config: CliConfig, key: str, as_json: bool) -> None:
@@ -267,7 +322,7 @@ def inspect_command(config: CliConfig, key: str, as_json: bool) -> None:
             raise TaskNotFoundError(key)
         return await build_view(store, snapshot, await store.get_identity(key))
 
-    view = run_with_store(config, fetch)
+    view = run_with_store(config, fetch, read_only=True)
     if as_json:
         _emit_json(view)
     else:
@@ -377,8 +432,8 @@ def _actions_table(view: TaskView) -> Table:
 # --- cancel -------------------------------------------------------------------------------
 
 @cli.command("cancel", short_help="Request cancellation of a task.")
-@click.argument("key")
-@click.option("--reason", required=True, help="Why; recorded with the request.")
+@click.argument("key", callback=_text)
+@click.option("--reason", callback=_text, required=True, help="Why; recorded with the request.")
 @json_option
 @click.pass_obj
 def cancel_command(config: CliConfig, key: str, reason: str, as_json: bool) -> None:
@@ -424,15 +479,15 @@ def _cancel_message(outcome: CancelOutcome) -> str:
 # --- timeline -----------------------------------------------------------------------------
 
 @cli.command("timeline")
-@click.argument("key")
+@click.argument("key", callback=_text)
 @click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True,
               help="Events per page.")
-@click.option("--cursor", default=None, metavar="CURSOR",
+@click.option("--cursor", callback=_text, default=None, metavar="CURSOR",
               help="Continue after a page: its next_cursor.")
 @click.option("--all", "all_pages", is_flag=True, help="Follow cursors to the end.")
 @json_option
-@click.pass_obj
-def timeline_command(config: CliConfig, key: str, limit: int, cursor: str | None,
+@click.pass_context
+def timeline_command(ctx: click.Context, key: str, limit: int, cursor: str | None,
                      all_pages: bool, as_json: bool) -> None:
     """Page through a task's journal in its stable order."""
 
@@ -445,11 +500,17 @@ def timeline_command(config: CliConfig, key: str, limit: int, cursor: str | None
             events.extend(page.events)
         return page.model_copy(update={"events": tuple(events)}) if all_pages else page
 
-    page = run_with_store(config, fetch)
+    config: CliConfig = ctx.obj
+    page = run_with_store(config, fetch, read_only=True)
     if as_json:
         _emit_json(page)
-    else:
-        _render_timeline(_console(), page)
+        return
+    _render_timeline(_console(), page)
+    if page.next_cursor is not None:
+        args = ["timeline", page.key]
+        if ctx.get_parameter_source("limit") == click.core.ParameterSource.COMMANDLINE:
+            args += ["--limit", str(limit)]
+        click.echo(f"more: {_hint(config, [*args, '--cursor', page.next_cursor])}")
 
 
 def _render_timeline(console: Console, page: TimelinePage) -> None:
@@ -464,8 +525,6 @@ def _render_timeline(console: Console, page: TimelinePage) -> None:
         [[str(e.seq), stamp[11:] if on else stamp, Text(e.kind), Text(e.node_id or "-"),
           "-" if e.fence is None else str(e.fence), Text(_compact(e.data))]
          for e, stamp in zip(page.events, stamps, strict=True)]))
-    if page.next_cursor is not None:
-        click.echo(f"more: agentium-graph timeline {page.key} --cursor {page.next_cursor}")
 
 
 # --- cell helpers -------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -18,15 +19,15 @@ from rich.console import Console
 from rich.table import Table
 
 from agentium_graph import DurableTaskStore, ExecutionGraphRuntime, TaskView
+from agentium_graph._store_uri import open_store_uri, redact
 from agentium_graph.demo.pipeline import build_catalog, build_program, read_call_log
+from agentium_graph.errors import ConfigurationError
 
 KEY = "order-review:ord-1042"
 WORKER = "demo-worker"
 
 
 def open_demo_store(uri: str) -> DurableTaskStore:
-    from agentium_graph._store_uri import open_store_uri
-
     return open_store_uri(uri)
 
 
@@ -62,10 +63,19 @@ async def run_demo(uri: str | None, kill_after: int, delay: float,
     call_log = workdir / "executions.log"
     store = open_demo_store(uri)
     try:
+        if await store.get_header(KEY) is not None:
+            # A second demo would find its task already run (or half run): it could show
+            # neither the crash nor the recovery, only a false "re-ran" report.
+            raise ConfigurationError(
+                f"the demo's task {KEY!r} already exists in {redact(uri)}; run the demo "
+                "with a new --store file, or omit --store to use a fresh temporary one "
+                f"(inspect the earlier run with: agentium-graph --store "
+                f"{shlex.quote(redact(uri))} inspect {shlex.quote(KEY)})",
+                details={"key": KEY})
         runtime = ExecutionGraphRuntime(catalog=build_catalog(), store=store,
                                         require_durable=True)
         await runtime.create(KEY, build_program())
-        console.print(f"[bold]agentium-graph demo[/]  store: {uri}")
+        console.print(f"[bold]agentium-graph demo[/]  store: {redact(uri)}")
         console.print(f"task {KEY!r}: 7 pure tools, one fan-out of 4 and a join\n")
 
         first = _spawn(uri, delay, call_log)
@@ -104,7 +114,8 @@ async def run_demo(uri: str | None, kill_after: int, delay: float,
         ok = final.status == "completed" and final.verified and not reran
         console.print(f"\nno completed node re-ran: {'yes' if not reran else 'NO: ' + str(reran)}"
                       f"; data verified: {final.verified}")
-        console.print(f"inspect it yourself: agentium-graph --store {uri} inspect {KEY}")
+        console.print("inspect it yourself: " + shlex.join(
+            ["agentium-graph", "--store", redact(uri), "inspect", KEY]), markup=False)
         return 0 if ok else 1
     finally:
         await store.close()
