@@ -36,7 +36,10 @@ def wait_for(predicate: object, limit: float = 30.0) -> None:
 async def test_concurrent_runs_on_a_fresh_task(case: Case, store_of: DurableTaskStore) -> None:
     code, out, err = case.run(create=True, create_only=True)
     assert code == 0 and out == {"ok": True, "created": True}, err
-    procs = [case.start(worker=w, slow={"b": 0.5}) for w in ("x", "y")]
+    # Both start at once; b's 4 s keep the winner's lease held long enough that the other
+    # meets it even when a loaded machine starts its process seconds late (with 0.5 s the
+    # late one could find the task completed and return its result, running nothing).
+    procs = [case.start(worker=w, slow={"b": 4.0}) for w in ("x", "y")]
     parsed = []
     for proc in procs:
         stdout, stderr = proc.communicate(timeout=60)

@@ -38,6 +38,7 @@ from agentium_graph.providers import (
     TurnMatch,
     Usage,
 )
+from agentium_graph.store import CommitRequest, CommitResult, SettleNode
 from tests.conftest import INT_OUT, Calls, make_catalog, wait_until
 
 USAGE = Usage(input_tokens=100, output_tokens=20)
@@ -271,6 +272,9 @@ async def test_a_new_worker_continues_an_unsealed_stream(calls: Calls) -> None:
     await rt.create("w", streamed(first))
     dying = asyncio.create_task(rt.run("w", worker_id="w1"))
     await wait_until(lambda: calls.by_node.get("a") == 1)
+    async with asyncio.timeout(5):  # a's completion is committed, not only its call made
+        while (await rt.inspect("w")).nodes["a"].state != "completed":  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
     dying.cancel()
     with pytest.raises(asyncio.CancelledError):
         await dying
@@ -305,6 +309,42 @@ async def test_cancel_while_streaming_closes_the_stream(calls: Calls) -> None:
     view = await rt.inspect("k")
     assert view.status == "canceled" and view.nodes["a"].state == "completed"
     assert view.planner is not None and view.planner.state == "canceled"
+
+
+class HeldCompletion(InMemoryDurableTaskStore):
+    """Holds the commit that completes node ``a`` until released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        if any(isinstance(s, SettleNode) and s.node_id == "a" for s in request.steps):
+            self.holding.set()
+            await self.release.wait()
+        return await super().commit(request)
+
+
+async def test_a_cancel_that_arrives_while_the_loop_awaits_a_commit_is_not_lost(
+        calls: Calls) -> None:
+    # Planning is still open (the stream hangs) and nothing else runs: the only wake-up
+    # the loop gets is the cancel, and it arrives while the loop awaits a's completion.
+    provider = ScriptedProvider([turn(frame(0, node("a", 1)),
+                                      partial_stream_then_fail=PartialStream(events=1,
+                                                                             ending="hang"))],
+                                chunks=1)
+    store = HeldCompletion()
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store)
+    await rt.create("k", streamed(provider))
+    running = asyncio.create_task(rt.run("k"))
+    await asyncio.wait_for(store.holding.wait(), 5)
+    await rt.cancel("k", reason="enough")
+    store.release.set()
+    with pytest.raises(TaskCanceledError):
+        await asyncio.wait_for(running, 5)
+    view = await rt.inspect("k")
+    assert view.status == "canceled" and view.nodes["a"].state == "completed"
 
 
 async def test_a_provider_that_streams_a_non_event_fails_the_task(calls: Calls) -> None:

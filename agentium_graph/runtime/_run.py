@@ -258,6 +258,10 @@ class TaskRun:
     async def _loop(self) -> TaskResult:
         check_recoverable(self)
         while True:
+            # Cleared as the turn starts, never in _wait: a wake-up that arrives while this
+            # turn runs or awaits its commit (a cancel request, planning that ended) must
+            # make the next wait return at once, not be cleared unseen.
+            self.wake.clear()
             if self.lost is not None:
                 raise self.lost
             observe_stop(self)
@@ -719,10 +723,7 @@ class TaskRun:
         return {n: self.outputs[n] for n in self.graph.root.members if n in self.outputs}
 
     async def _wait(self) -> None:
-        if self.finished or self.submissions or self.lost is not None or self.again or (
-                self.planning is not None and self.planning.done()):
-            # (Planning that ended while the loop awaited a commit woke nobody: the wake-up
-            # was set before this turn and would be cleared below.)
+        if self.finished or self.submissions or self.lost is not None or self.again:
             self.again = False
             return
         if any(item.free or item.ticket.granted for item in self.ready.values()):
@@ -737,7 +738,6 @@ class TaskRun:
         deadline = self.header.deadline
         if deadline is not None and self.stop is None:
             timeout = max(0.0, (deadline - self.clock()).total_seconds())
-        self.wake.clear()
         for item in self.ready.values():
             if not item.ticket.future.done():
                 item.ticket.future.add_done_callback(lambda _f: self.wake.set())
