@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 __all__ = [
     "AgentiumGraphError",
@@ -77,6 +77,14 @@ class ErrorInfo(BaseModel):
     node_id: str | None = None
     details: dict[str, Any] = {}
 
+    @field_validator("message")
+    @classmethod
+    def _bounded(cls, value: str) -> str:
+        # Journaled with the node and the task: an exception (or a schema error quoting a
+        # huge value) must not turn one failure into megabytes of journal, or exceed what a
+        # store can keep in a record.
+        return bound_text(value, MAX_ERROR_MESSAGE)
+
     @classmethod
     def from_exception(cls, exc: BaseException, *, node_id: str | None = None) -> ErrorInfo:
         if isinstance(exc, AgentiumGraphError):
@@ -87,17 +95,33 @@ class ErrorInfo(BaseModel):
                    node_id=node_id, details={"exception_type": type(exc).__qualname__})
 
 
+MAX_ERROR_MESSAGE = 4000   # characters of a journaled error message
+MAX_DETAIL_TEXT = 1000     # characters of one text detail
+MAX_DETAIL_ITEMS = 100     # items of one list detail
+
+
+def bound_text(text: str, limit: int) -> str:
+    """``text`` cut to about ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
 def _safe_details(details: Mapping[str, Any]) -> dict[str, Any]:
-    """Keep only JSON-representable detail values so an ErrorInfo can always be stored."""
+    """Keep only JSON-representable detail values, bounded, so an ErrorInfo can always be
+    stored."""
     out: dict[str, Any] = {}
     for key, value in details.items():
-        if isinstance(value, str | int | float | bool) or value is None:
+        if isinstance(value, str):
+            out[key] = bound_text(value, MAX_DETAIL_TEXT)
+        elif isinstance(value, int | float | bool) or value is None:
             out[key] = value
         elif isinstance(value, list | tuple) and all(
                 isinstance(v, str | int | float) for v in value):
-            out[key] = list(value)
+            out[key] = [bound_text(v, MAX_DETAIL_TEXT) if isinstance(v, str) else v
+                        for v in value[:MAX_DETAIL_ITEMS]]
         else:
-            out[key] = repr(value)
+            out[key] = bound_text(repr(value), MAX_DETAIL_TEXT)
     return out
 
 

@@ -6,21 +6,29 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from agentium_graph import (
+    Absent,
+    ActionOutcome,
+    ActionRequest,
+    DurableRecoveryRequiredError,
     ExecutionGraphProgram,
     ExecutionGraphRuntime,
     GraphBinding,
     HostCatalog,
+    InMemoryDurableTaskStore,
     NodeFailedError,
     NodeOutputError,
     RepeatBinding,
+    StoreCapabilities,
     TaskCanceledError,
     ToolBinding,
+    Unknown,
 )
 
 OBJ = {"type": "object"}
@@ -176,3 +184,89 @@ async def test_a_container_output_is_checked_against_its_output_schema(kind: str
     view = await rt.inspect("k")
     assert (view.status, view.nodes["c"].state) == ("failed", "failed")
     assert view.nodes["c/x" if kind == "graph" else "c/0/x"].state == "completed"
+
+
+class SmallRecords(InMemoryDurableTaskStore):
+    """A store that keeps at most 1000 bytes per blob (as MongoDB keeps at most 16 MiB)."""
+
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        return StoreCapabilities(durable=False, name="small", max_blob_bytes=1000)
+
+
+@pytest.mark.parametrize("value", ["x" * 2000, "\u00e9" * 600],  # 600 chars, 1200 bytes
+                         ids=["ascii", "multibyte"])
+async def test_an_output_larger_than_the_store_keeps_fails_the_node(value: str) -> None:
+    calls: list[str] = []
+
+    def big(args: dict[str, Any]) -> dict[str, Any]:
+        calls.append("big")
+        return {"blob": value}
+
+    rt = ExecutionGraphRuntime(catalog=HostCatalog([tool("t", big)]), store=SmallRecords())
+    await rt.create("k", plan(node("a")))
+    for _ in range(2):  # a second run reports it; the tool is not run again
+        with pytest.raises(NodeOutputError, match="more than the 1000 bytes") as caught:
+            await rt.run("k")
+        assert caught.value.details["limit"] == 1000
+    assert calls == ["big"]
+    view = await rt.inspect("k")
+    assert (view.status, view.nodes["a"].state) == ("failed", "failed")
+
+
+async def test_an_output_within_the_stores_limit_completes() -> None:
+    rt = ExecutionGraphRuntime(catalog=HostCatalog([tool("t", lambda a: {"blob": "x" * 900})]),
+                               store=SmallRecords())
+    await rt.create("k", plan(node("a")))
+    assert (await rt.run("k")).output["a"] == {"blob": "x" * 900}
+
+
+async def test_a_huge_error_message_is_journaled_bounded() -> None:
+    def fails(args: dict[str, Any]) -> dict[str, Any]:
+        raise ValueError("e" * 1_000_000)
+
+    rt = ExecutionGraphRuntime(catalog=HostCatalog([tool("t", fails)]))
+    await rt.create("k", plan(node("a")))
+    with pytest.raises(NodeFailedError):
+        await rt.run("k")
+    view = await rt.inspect("k")
+    error = view.nodes["a"].error
+    assert error is not None and view.error is not None
+    assert 4000 < len(error.message) < 4100 and error.message.endswith("more characters)")
+    assert len(view.error.message) < 4200
+    events = (await rt.timeline("k", limit=1000)).events
+    assert max(len(json.dumps(e.data)) for e in events) < 10_000
+
+
+class BigAnswers:
+    """A destination that accepts the action and answers with more than the store keeps."""
+
+    id = "big"
+    version = "1"
+    idempotent_destination = False
+
+    def __init__(self) -> None:
+        self.dispatches = 0
+
+    async def dispatch(self, request: ActionRequest) -> ActionOutcome:
+        self.dispatches += 1
+        return ActionOutcome(output={"blob": "x" * 2000}, result_ref=request.result_ref)
+
+    async def resolve_result(self, result_ref: str) -> ActionOutcome | Absent | Unknown:
+        return Unknown("not asked")
+
+
+async def test_an_effect_answer_larger_than_the_store_keeps_is_uncertain_not_redone() -> None:
+    conn = BigAnswers()
+    rt = ExecutionGraphRuntime(catalog=HostCatalog([ToolBinding(
+        id="send", version="1", connector=conn, destination="d", input_schema=OBJ,
+        output_schema=OBJ)]), store=SmallRecords())
+    await rt.create("k", plan(node("a", "send")))
+    for _ in range(2):
+        with pytest.raises(DurableRecoveryRequiredError):
+            await rt.run("k")
+    assert conn.dispatches == 1  # it took effect: never dispatched again
+    view = await rt.inspect("k")
+    [action] = view.actions
+    assert (view.nodes["a"].state, action.state) == ("uncertain", "uncertain")
+    assert "more than the 1000 bytes" in (action.reason or "")

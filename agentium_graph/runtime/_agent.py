@@ -131,7 +131,8 @@ async def _loop(run: TaskRun, spec: NodeSpec, args: dict[str, Any]) -> Outcome:
         usage["model_calls"] += 1
         messages.append(response.to_message())
         if not response.tool_calls:
-            return check_output(spec.id, binding, {"text": response.text, "usage": usage})
+            return check_output(spec.id, binding, {"text": response.text, "usage": usage},
+                                run.max_blob_bytes)
         for call in response.tool_calls:
             result = await _tool_call(run, spec, tools, call)
             messages.append(ModelMessage(role="tool", content=canonical_json(result),

@@ -224,7 +224,7 @@ async def _lookup(run: TaskRun, connector: Any, action: ActionRecord,
 
 def receipt(run: TaskRun, node: NodeSpec, action: ActionRecord, result: ActionOutcome,
             *, source: str) -> Outcome:
-    checked = check_output(node.id, node.binding, result.output)
+    checked = check_output(node.id, node.binding, result.output, run.max_blob_bytes)
     if checked.state != "completed":
         # The destination acted but its answer is unusable: never re-dispatch; say so.
         assert checked.error is not None
@@ -285,6 +285,6 @@ async def _reuse_receipt(run: TaskRun, node: NodeSpec, action: ActionRecord) -> 
                               f"{action.action_id}'s receipt is {problem}; the store was "
                               "damaged", node_id=node.id)
     checked = check_output(node.id, node.binding,
-                           json.loads(blobs.texts[action.outcome_digest]))
+                           json.loads(blobs.texts[action.outcome_digest]), run.max_blob_bytes)
     checked.action = action
     return checked

@@ -166,6 +166,8 @@ class TaskRun:
         # only the expected one until that commit returns the real one.
         self.pending_acquire = acquire
         self.store: DurableTaskStore = runtime.store
+        self.max_blob_bytes: int | None = getattr(runtime.store.capabilities, "max_blob_bytes",
+                                                  None)
         self.clock: Callable[[], datetime] = runtime.clock
         self.key = key
         self.worker_id = worker_id
@@ -659,7 +661,7 @@ class TaskRun:
                                exception=exc)
             finally:
                 reset_context(token)
-        return check_output(node.id, binding, result)
+        return check_output(node.id, binding, result, self.max_blob_bytes)
 
     # --- commit, finish, wait -------------------------------------------------------
     async def _commit(self, steps: list[Step], blobs: dict[str, str]) -> None:

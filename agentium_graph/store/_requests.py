@@ -36,6 +36,10 @@ class StoreCapabilities(ConfigModel):
     durable: bool
     multi_process: bool = False
     name: str = "store"
+    # The largest blob (an output, plan, input or error, as UTF-8 canonical JSON) the store
+    # can keep in one record; None: no limit the runtime needs to respect. The runtime
+    # fails a node whose output is larger instead of attempting a commit that cannot land.
+    max_blob_bytes: int | None = Field(default=None, ge=1)
 
 
 # --- steps -----------------------------------------------------------------------------
