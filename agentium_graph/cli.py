@@ -43,6 +43,7 @@ from agentium_graph.errors import (
     TaskNotFoundError,
 )
 from agentium_graph.runtime._inspect import build_view
+from agentium_graph.runtime._resolve import cancel_stopped
 from agentium_graph.runtime._runtime import ExecutionGraphRuntime, TimelinePage
 from agentium_graph.runtime._views import NodeView, PlannerView, TaskView
 from agentium_graph.store._protocol import DurableTaskStore
@@ -449,6 +450,12 @@ def cancel_command(config: CliConfig, key: str, reason: str, as_json: bool) -> N
         now = datetime.now(UTC)
         after = await store.request_cancel(CancelTaskRequest(key=key, reason=reason, now=now))
         live = after.lease is not None and after.lease.expires_at > now
+        if after.status == "recovery_required" and not live:
+            # Nothing will run it until its actions are resolved: cancel it now (this needs
+            # only the store; its uncertain actions stay in the ledger).
+            await cancel_stopped(store, key, lease_ttl=15.0, clock=lambda: datetime.now(UTC))
+            after = await _header(store, key)
+            live = after.lease is not None and after.lease.expires_at > now
         return CancelOutcome(
             key=key, recorded=before.cancel is None and after.cancel is not None,
             observed_by=after.lease.owner if live and after.lease else None, header=after)
@@ -464,6 +471,11 @@ def _cancel_message(outcome: CancelOutcome) -> str:
     header, key = outcome.header, repr(outcome.key)
     if header.status in ("completed", "failed", "canceled") and not outcome.recorded:
         return f"task {key} is already {header.status}; nothing to cancel"
+    if header.status == "canceled" and outcome.recorded:
+        stuck = header.error.details.get("uncertain_actions", []) if header.error else []
+        return (f"task {key} canceled" + (
+            f"; the outcome of action(s) {', '.join(map(str, stuck))} stays unknown: check "
+            "their destinations" if stuck else ""))
     if not outcome.recorded and header.cancel is not None:
         return (f"a cancel of task {key} was already requested at "
                 f"{_when(header.cancel.requested_at)} (reason: {header.cancel.reason!r}); "

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
-from agentium_graph import DurableRecoveryRequiredError, ExecutionGraphRuntime
+from agentium_graph import DurableRecoveryRequiredError, ExecutionGraphRuntime, TaskCanceledError
 from agentium_graph.cli import cli
-from agentium_graph.store import CommitRequest, CommitResult, RecordAction
+from agentium_graph.store import CancelTaskRequest, CommitRequest, CommitResult, RecordAction
 from agentium_graph_sqlite import SQLiteDurableTaskStore
 from tests.conftest import program
 from tests.test_effects import PLAN, Destination, FakeConnector, pay_catalog
@@ -89,3 +90,43 @@ def test_cli_resolve_usage_errors(tmp_path: Path) -> None:
     res = runner.invoke(cli, ["--store", f"sqlite:///{tmp_path / 'x.db'}", "resolve", "k",
                               "a", "--actor", "me", "--output", "{nope"])
     assert res.exit_code == 2 and "not JSON" in res.output
+
+
+def test_cli_cancel_of_a_recovery_required_task_cancels_it_now(tmp_path: Path) -> None:
+    db = tmp_path / "tasks.db"
+    action_id = asyncio.run(_uncertain_task(db, Destination()))
+    result = CliRunner().invoke(cli, ["--store", f"sqlite:///{db}", "cancel", "pay-1",
+                                      "--reason", "give up"])
+    assert result.exit_code == 0, result.output
+    assert "task 'pay-1' canceled" in result.output and action_id in result.output
+    assert "next run" not in result.output  # it does not promise what a run cannot do
+
+    async def view() -> Any:
+        async with SQLiteDurableTaskStore(db) as store:
+            rt = ExecutionGraphRuntime(catalog=pay_catalog(FakeConnector(Destination())),
+                                       store=store)
+            with pytest.raises(TaskCanceledError):
+                await rt.run("pay-1")
+            return await rt.inspect("pay-1")
+
+    after = asyncio.run(view())
+    assert after.status == "canceled"
+    assert [(a.action_id, a.state) for a in after.actions] == [(action_id, "uncertain")]
+
+
+def test_a_cancel_recorded_without_a_runtime_is_applied_by_the_next_run(
+        tmp_path: Path) -> None:
+    db = tmp_path / "tasks.db"
+    dest = Destination()
+    asyncio.run(_uncertain_task(db, dest))
+
+    async def record_then_run() -> Any:
+        async with SQLiteDurableTaskStore(db) as store:
+            await store.request_cancel(CancelTaskRequest(key="pay-1", reason="from afar",
+                                                         now=datetime.now(UTC)))
+            rt = ExecutionGraphRuntime(catalog=pay_catalog(FakeConnector(dest)), store=store)
+            with pytest.raises(TaskCanceledError, match="from afar"):
+                await rt.run("pay-1")
+            return await rt.inspect("pay-1")
+
+    assert asyncio.run(record_then_run()).status == "canceled"

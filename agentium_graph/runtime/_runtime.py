@@ -356,6 +356,12 @@ class ExecutionGraphRuntime:
         header = await self._header(key)
         if header.status == "completed":
             return await self._retained_result(key)
+        if header.status == "recovery_required" and header.cancel is not None and \
+                await cancel_stopped(self.store, key, lease_ttl=self.lease_ttl,
+                                     clock=self.clock):
+            # A cancel recorded without a runtime (the CLI, another process) is applied by
+            # the next run, as for any task nobody runs.
+            header = await self._header(key)
         _raise_terminal(header)
         identity = await self._pinned_identity(header)
         planned = identity.plan is None
