@@ -101,10 +101,12 @@ class _State:
 
 
 class _Rejected(Exception):
-    def __init__(self, diagnostics: list[Diagnostic], *, judged: bool = True) -> None:
+    def __init__(self, diagnostics: list[Diagnostic], *, judged: bool = True,
+                 spent: dict[str, Any] | None = None) -> None:
         super().__init__(diagnostics[0].message if diagnostics else "rejected")
         self.diagnostics = diagnostics
         self.judged = judged  # a frame was judged (journaled as a rejected verdict)
+        self.spent = spent  # a StreamEnd's usage ("usage") and its charge ("charges")
 
 
 async def plan_stream(run: TaskRun, program: ExecutionGraphProgram) -> None:
@@ -126,9 +128,13 @@ async def plan_stream(run: TaskRun, program: ExecutionGraphProgram) -> None:
                     "base_revision": run.header.revision, "accepted": False,
                     "diagnostics": fed})])
             else:
+                spent = rejected.spent or {}
+                charges = list(spent.get("charges", ()))
                 await run.submit([AppendJournal(kind=INTERRUPTED_KIND, data={
                     "call": state.calls - 1, "base_revision": run.header.revision,
-                    "diagnostics": fed})])
+                    "diagnostics": fed,
+                    **({"usage": spent["usage"]} if "usage" in spent else {})}), *charges],
+                    clamp=bool(charges))
             state.problem, state.judged = fed, rejected.judged
 
 
@@ -249,21 +255,25 @@ async def _one_stream(run: TaskRun, program: ExecutionGraphProgram, config: Plan
 
 async def _seal(run: TaskRun, end: StreamEnd, estimate_in: int, reserve_out: int,
                 state: _State, call: int) -> None:
+    usage = beyond_reservation(end.usage, estimate_in, reserve_out,
+                               admission_id(f"{run.header.task_id}:planner", f"usage:{call}"),
+                               None)
+    # A stream that ended without sealing still spent its usage: the rejection carries it,
+    # charged (capped at the limits, the rest journaled) with the planner_interrupted entry.
+    spent = {"usage": end.usage.model_dump(), "charges": usage}
     if end.stop_reason != "end":
         # Cut off (max_tokens) or stopped for tool calls: what came may be partial.
         raise _Rejected([Diagnostic(path="$", code="stream_cut_off", message=(
             f"the stream stopped with stop_reason={end.stop_reason!r}; continue from the "
-            "current revision"))], judged=False)
+            "current revision"))], judged=False, spent=spent)
     if run.header.revision == 0:
         raise _Rejected([Diagnostic(path="$", code="no_plan", message=(
             "the stream ended without a frame; send at least the frame with baseRevision 0"))],
-            judged=False)
+            judged=False, spent=spent)
     steps: list[Step] = [
         AppendJournal(kind=SEALED_KIND, data={"call": call, "usage": end.usage.model_dump(),
                                               "revision": run.header.revision}),
-        *beyond_reservation(end.usage, estimate_in, reserve_out,
-                            admission_id(f"{run.header.task_id}:planner", f"usage:{call}"),
-                            None)]
+        *usage]
     await run.submit(steps, clamp=True)
     state.sealed = True
 

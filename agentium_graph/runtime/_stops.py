@@ -66,7 +66,16 @@ def settle_planning(run: TaskRun) -> None:
     run.planning = None
     run.program = None
     if task.cancelled():
-        return  # a stop canceled it
+        if run.stop is not None or run.lost is not None:
+            return  # a stop canceled it
+        # Only a stop cancels planning: this cancellation escaped the provider itself, and
+        # the task has no (complete) plan, so it must not end as if planning had finished.
+        error = PlannerFailedError(
+            f"task {run.key!r}: the planner failed: its provider raised CancelledError "
+            "although the runtime did not cancel it; fix the provider (or its script) and "
+            "create the task again", details={"error": "CancelledError"})
+        begin_stop(run, Stop("failed", error, error.to_info()))
+        return
     exc = task.exception()
     if exc is None:
         return
