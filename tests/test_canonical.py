@@ -225,7 +225,10 @@ def test_derive_id_shortcut_hashes_exactly_the_canonical_array() -> None:
     alphabet = [chr(i) for i in range(0, 260)] + ["\u2028", "\U0001f600", "\ud7ff", "\ue000"]
     cases: list[tuple[object, ...]] = [
         ("att", "inc_abc", 1), ("adm", "att_x", "work"), ("x", None, -5, 10**30, 0),
-        ("k", 'a"b', "c\\d", "tab\t", "é", "\x7f", ""), ("k", True, False, 1.5, [1], {"a": 1})]
+        ("k", 'a"b', "c\\d", "tab\t", "é", "\x7f", ""), ("k", True, False, 1.5, [1], {"a": 1}),
+        # Each kind of part alone too, so no shortcut hides behind a part that forces the
+        # encoder (a bool is an int to isinstance, but canonically true/false, not 1/0).
+        ("k", True), ("k", False), ("k", "a", False, 3), ("k", 1.5), ("k", [1]), ("k", {"a": 1})]
     for _ in range(5000):
         cases.append(("k", *("".join(rng.choice(alphabet) for _ in range(rng.randint(0, 5)))
                               for _ in range(rng.randint(1, 3)))))

@@ -794,3 +794,18 @@ def test_resolved_args_unwrap_literals_and_resolve_only_real_references() -> Non
                         "nested": {"$literal": "kept as written"}, "v": 5}
     resolved["schema"]["$defs"]["n"]["type"] = "string"  # a copy: the plan is untouched
     assert SCHEMA_WITH_REF["$defs"]["n"]["type"] == "integer"
+
+
+def test_limit_problems_come_with_every_other_problem() -> None:
+    # Over every size limit at once, with two shape problems and bad args: each limit is
+    # one more diagnostic, never a reason to stop looking.
+    limits = PlanLimits(max_bytes=400, max_nodes=3, max_depth=3)
+    p = plan(*_chain(4), node("x", "lookup", args={"sku": 1}, unknown=1),
+             node("y", "lookup", args={"sku": "A"}, extra=True))
+    found = problems(p, limits=limits)
+    codes = sorted({code for code, _, _ in found})
+    assert codes == sorted({"too_large", "too_many_nodes", "too_deep", "plan_shape",
+                            "args_invalid"})
+    assert [(c, n) for c, _, n in found if c == "plan_shape"] == [("plan_shape", "x"),
+                                                                    ("plan_shape", "y")]
+    assert ("args_invalid", "$.nodes[4].args.sku", "x") in found

@@ -362,10 +362,9 @@ async def test_a_deadline_ends_a_wait_for_the_lease(calls: Calls) -> None:
     await rt.create("d", program(chain_plan(1)), deadline=timedelta(seconds=0.3))
     await rt.store.acquire_lease(AcquireLeaseRequest(  # a dead worker's 30 s lease
         key="d", worker_id="gone", ttl_seconds=30, now=datetime.now(UTC)))
-    started = asyncio.get_running_loop().time()
+    # Waiting out the lease would take 30 s: wait_for's 20 s fail that with a TimeoutError.
     with pytest.raises(DeadlineExceededError, match="waiting for worker 'gone'"):
-        await asyncio.wait_for(rt.run("d", "w2", wait=True), 10)
-    assert asyncio.get_running_loop().time() - started < 10  # not the lease's 30 s
+        await asyncio.wait_for(rt.run("d", "w2", wait=True), 20)
     assert calls.by_node == {}
 
 

@@ -100,7 +100,9 @@ class LifecycleTests(SuiteBase):
     async def test_the_factory_builds_a_store_without_using_it(
             self, harness: StoreHarness) -> None:
         unused = await open_from_factory(harness.factory, harness.factory_kwargs)
-        await unused.close()
+        assert isinstance(unused.capabilities, StoreCapabilities)  # known before any I/O
+        await unused.close()  # closing a store that never opened anything works,
+        await unused.close()  # and closing twice is allowed
 
 
 class DurabilityTests(SuiteBase):

@@ -6,7 +6,6 @@ import asyncio
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -92,11 +91,9 @@ def test_stop_releases_hung_requests(server: IdempotentTestServer) -> None:
     thread = threading.Thread(target=look)
     thread.start()
     server.wait_for_hung(1, timeout=5)
-    started = time.monotonic()
     server.stop()
-    thread.join(timeout=10)
+    thread.join(timeout=10)  # the client would wait 30 s for a request stop() left hanging
     assert not thread.is_alive()
-    assert time.monotonic() - started < 5
 
 
 def test_wait_for_accepted_times_out(server: IdempotentTestServer) -> None:
