@@ -8,7 +8,7 @@ import base64
 import binascii
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from agentium_graph._canonical import digest
 from agentium_graph._program import ExecutionGraphProgram
@@ -75,34 +75,28 @@ def check_policy_revision(value: object) -> None:
 
 def root_limits(value: object, default: RootLimits) -> RootLimits:
     """``limits=``: a RootLimits, a dict of its fields (validated into one), or None."""
-    if value is None:
-        return default
-    if isinstance(value, RootLimits):
-        return value
-    if isinstance(value, Mapping):
-        return _from_dict(RootLimits, "limits", value)
-    raise ConfigurationError(f"limits must be RootLimits(...), a dict of its fields or None, "
-                             f"not {kind(value)}")
-
-
-def _from_dict(cls: type[M], name: str, value: Mapping[Any, Any]) -> M:
-    try:
-        return cls(**{str(k): v for k, v in value.items()})
-    except ConfigurationError as exc:
-        raise ConfigurationError(f"{name}: {exc} (a dict given as {name} takes the fields "
-                                 f"of {cls.__name__}: {', '.join(cls.model_fields)})") from None
+    return _model_arg(RootLimits, "limits", value, default)
 
 
 def budgets_arg(value: object) -> Budgets:
     """``budgets=``: a Budgets, a dict of its fields (validated into one), or None."""
+    return _model_arg(Budgets, "budgets", value, Budgets())
+
+
+def _model_arg(cls: type[M], name: str, value: object, default: M) -> M:
     if value is None:
-        return Budgets()
-    if isinstance(value, Budgets):
+        return default
+    if isinstance(value, cls):
         return value
     if isinstance(value, Mapping):
-        return _from_dict(Budgets, "budgets", value)
-    raise ConfigurationError(f"budgets must be Budgets(...), a dict of its fields or None, "
-                             f"not {kind(value)}")
+        try:
+            return cls(**{str(k): v for k, v in value.items()})
+        except ConfigurationError as exc:
+            raise ConfigurationError(
+                f"{name}: {exc} (a dict given as {name} takes the fields of "
+                f"{cls.__name__}: {', '.join(cls.model_fields)})") from None
+    raise ConfigurationError(f"{name} must be {cls.__name__}(...), a dict of its fields or "
+                             f"None, not {kind(value)}")
 
 
 def grants_arg(value: object) -> tuple[str, ...] | None:
