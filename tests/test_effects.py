@@ -366,13 +366,27 @@ class CrashBeforeRecoveryStatus(CountingStore):
 
 
 async def test_uncertain_node_left_by_a_crash_still_requires_recovery() -> None:
+    from agentium_graph.store import SettleNode
+
+    settled = asyncio.Event()
+
+    class Store(CrashBeforeRecoveryStatus):
+        async def commit(self, request: CommitRequest) -> CommitResult:
+            result = await super().commit(request)
+            if any(isinstance(s, SettleNode) and s.state == "uncertain"
+                   for s in request.steps):
+                settled.set()
+            return result
+
     dest = Destination()
-    store = CrashBeforeRecoveryStatus()
-    # Split the uncertain settle from the status: a sibling keeps the run busy meanwhile.
+    store = Store()
+    # Split the uncertain settle from the status: a sibling keeps the run busy until the
+    # commit that settled the charge uncertain (without the task's status) is durable.
     conn = FakeConnector(dest, dispatch_mode="non_json")
 
     async def slow(args: dict[str, Any]) -> dict[str, Any]:
-        await asyncio.sleep(0.2)
+        if not settled.is_set():  # the run after the crash does not wait
+            await asyncio.wait_for(settled.wait(), 5)
         return {}
 
     extra = [ToolBinding(id="slow", version="1", execute=slow, recovery="pure")]

@@ -240,12 +240,18 @@ async def test_read_only_does_not_create_a_missing_file(tmp_path: Path) -> None:
 
 
 async def test_read_only_opens_a_file_that_is_read_only(tmp_path: Path) -> None:
+    """A file marked read-only (mode 0o444) is read, and left unchanged. The mode bits do
+    not restrict root (this suite runs as root in CI), and SQLite opens a write-protected
+    file read-only even without ``mode=ro``, so this cannot show that the store's connection
+    is read-only: test_sqlite_read_only_as_root.py does, whatever the uid."""
     path = tmp_path / "tasks.db"
     await _populate(path)
     path.chmod(0o444)
+    before = _digest(path)
     try:
         async with SQLiteDurableTaskStore(path, read_only=True) as store:
             assert (await store.get_header("k")) is not None
+        assert _digest(path) == before and path.stat().st_mode & 0o777 == 0o444
     finally:
         path.chmod(0o644)
 
