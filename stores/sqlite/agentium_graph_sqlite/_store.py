@@ -193,9 +193,10 @@ class SQLiteDurableTaskStore:
     ``read_only=True``: only read. The first operation opens the file with a read-only
     connection (``mode=ro``): it must already be an agentium-graph-sqlite database (a
     missing, empty or blank SQLite file, or another application's, is refused with a typed
-    error), and nothing is ever created, converted or migrated; a file of an older schema
-    version is read as it is (a writing store migrates it). The file itself may be
-    read-only. Every mutating operation raises :class:`~agentium_graph.StoreError` without
+    error), and nothing in it is ever created, converted or migrated (SQLite itself may
+    create the empty ``-wal``/``-shm`` side files of a WAL database in a writable
+    directory); a file of an older schema version is read as it is (a writing store
+    migrates it). The file itself may be read-only. Every mutating operation raises :class:`~agentium_graph.StoreError` without
     touching the file. This is how the ``agentium-graph`` CLI's ``list``, ``inspect`` and
     ``timeline`` open a store.
 
