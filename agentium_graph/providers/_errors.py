@@ -7,6 +7,7 @@ All derive from :class:`~agentium_graph.errors.AgentiumGraphError` and carry a s
     └── ProviderError                 a model provider call failed
         ├── IncompleteStreamError     a stream ended (EOF) before its StreamEnd event
         ├── MalformedResponseError    a response or stream broke the provider contract
+        ├── ProviderTimeoutError      a call did not finish within the caller's time limit
         └── ScriptExhaustedError      the scripted fake provider has no turn for a request
 """
 
@@ -18,6 +19,7 @@ __all__ = [
     "IncompleteStreamError",
     "MalformedResponseError",
     "ProviderError",
+    "ProviderTimeoutError",
     "ScriptExhaustedError",
 ]
 
@@ -45,6 +47,14 @@ class MalformedResponseError(ProviderError):
     """
 
     code = "provider_response_malformed"
+
+
+class ProviderTimeoutError(ProviderError):
+    """A provider call did not finish within the time limit its caller set; the message
+    names the setting to raise. ``details``: ``timeout_seconds``, ``limit`` (the setting),
+    ``stream``."""
+
+    code = "provider_timeout"
 
 
 class ScriptExhaustedError(ProviderError):

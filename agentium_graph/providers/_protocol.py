@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from pydantic import ValidationError
+
 from agentium_graph._canonical import NotJSONError, check_json
 from agentium_graph.providers._errors import IncompleteStreamError, MalformedResponseError
 from agentium_graph.providers._models import (
@@ -15,9 +17,11 @@ from agentium_graph.providers._models import (
     TextDelta,
     ToolCall,
     ToolCallDelta,
+    Usage,
 )
 
-__all__ = ["ModelProvider", "assemble_stream", "check_response", "check_tool_calls"]
+__all__ = ["ModelProvider", "assemble_stream", "check_response", "check_stream_event",
+           "check_tool_calls"]
 
 
 @runtime_checkable
@@ -34,7 +38,10 @@ class ModelProvider(Protocol):
     * One call of ``complete`` or one iteration of ``stream`` is one provider invocation:
       transport retries inside it are the provider's own business and stay invisible.
     * Usage must be reported: ``ModelResponse.usage`` and ``StreamEnd.usage`` carry the tokens
-      the call consumed, as billed.
+      the call consumed, as billed (non-negative integers).
+    * Text, tool names and ids are strings that encode as UTF-8 (no lone surrogates).
+      Responses and events are real, valid instances: one built with ``model_construct``
+      that breaks a field's rule is malformed.
     * Tool calls carry a non-empty ``id`` (unique within the response), a non-empty ``name``
       and a JSON object of ``arguments``. A consumer checks this with :func:`check_response`.
     * A stream is complete only when :class:`StreamEnd` arrives, and ``StreamEnd`` is its last
@@ -77,18 +84,62 @@ def _malformed(reason: str, message: str, **details: Any) -> MalformedResponseEr
         details={"reason": reason, **details})
 
 
+def _not_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _check_text(value: object, field: str, **details: Any) -> str:
+    """``value`` if it is a string that encodes as UTF-8 (reasons ``text_not_string``,
+    ``text_not_utf8``, naming ``field``)."""
+    if not isinstance(value, str):
+        raise _malformed("text_not_string", f"{field} is a {type(value).__name__}, not a "
+                         "string", field=field, **details)
+    if _not_utf8(value):
+        raise _malformed("text_not_utf8", f"{field} holds a lone surrogate, so it cannot be "
+                         "encoded as UTF-8", field=field, **details)
+    return value
+
+
+def _check_usage(usage: object, field: str) -> Usage:
+    """``usage`` if it is a :class:`Usage` of non-negative integers (reason ``bad_usage``)."""
+    if not isinstance(usage, Usage):
+        raise _malformed("bad_usage", f"{field} is a {type(usage).__name__}, not a Usage",
+                         field=field)
+    for name in ("input_tokens", "output_tokens"):
+        value: object = getattr(usage, name, None)
+        if type(value) is not int or value < 0:
+            raise _malformed("bad_usage", f"{field}.{name} is {value!r}, not a non-negative "
+                             "integer", field=f"{field}.{name}")
+    return usage
+
+
+def _check_stop_reason(value: object, field: str) -> None:
+    if value not in ("end", "tool_calls", "max_tokens"):
+        raise _malformed("bad_stop_reason", f"{field} is {value!r}, not one of 'end', "
+                         "'tool_calls', 'max_tokens'", field=field)
+
+
 def _check_call(call: object, index: int) -> ToolCall:
     if not isinstance(call, ToolCall):
         raise _malformed("not_a_tool_call", f"tool call #{index} is a "
                          f"{type(call).__name__}, not a ToolCall", index=index)
-    call_id: object = call.id
-    name: object = call.name
-    args: object = call.arguments
+    call_id: object = getattr(call, "id", None)
+    name: object = getattr(call, "name", None)
+    args: object = getattr(call, "arguments", None)
     if not isinstance(call_id, str) or not call_id:
         raise _malformed("empty_tool_call_id", f"tool call #{index} has no id", index=index)
+    if _not_utf8(call_id):
+        raise _malformed("text_not_utf8", f"the id of tool call #{index} holds a lone "
+                         "surrogate, so it cannot be encoded as UTF-8",
+                         field=f"tool_calls[{index}].id", index=index)
     if not isinstance(name, str) or not name:
         raise _malformed("empty_tool_name", f"tool call {call_id!r} has no tool name",
                          index=index, tool_call_id=call_id)
+    _check_text(name, f"tool_calls[{index}].name", index=index, tool_call_id=call_id)
     if not isinstance(args, dict):
         raise _malformed("arguments_not_object", f"tool call {call_id!r} ({name}) has "
                          f"arguments of type {type(args).__name__}, not a JSON object",
@@ -127,16 +178,75 @@ def check_tool_calls(calls: Sequence[object]) -> tuple[ToolCall, ...]:
 
 def check_response(response: ModelResponse) -> ModelResponse:
     """Return ``response`` if it keeps the provider contract; else raise
-    :class:`MalformedResponseError`.
+    :class:`MalformedResponseError` naming what is wrong (``details["reason"]``, and
+    ``details["field"]`` where one field is).
 
-    Checks the tool calls (:func:`check_tool_calls`) and that ``stop_reason="tool_calls"``
-    comes with at least one call (reason ``tool_calls_missing``).
+    The whole response is checked, not trusted because of its type (an adapter may build
+    one with ``model_construct``, which validates nothing): that it is a
+    :class:`ModelResponse` (reason ``not_a_response``), its text (``text_not_string``,
+    ``text_not_utf8``), its usage (``bad_usage``: non-negative integers), its stop reason
+    (``bad_stop_reason``), its tool calls (:func:`check_tool_calls`; ``tool_calls`` must be
+    a sequence, reason ``tool_calls_not_sequence``), that ``stop_reason="tool_calls"``
+    comes with at least one call (``tool_calls_missing``), and finally that the model
+    validates as a whole (``invalid_response``). A response equal to its validated form is
+    returned as it is; otherwise (e.g. tool calls given as a list) the validated copy is.
     """
-    check_tool_calls(response.tool_calls)
-    if response.stop_reason == "tool_calls" and not response.tool_calls:
+    if not isinstance(response, ModelResponse):
+        raise _malformed("not_a_response", f"the provider returned a "
+                         f"{type(response).__name__}, not a ModelResponse")
+    text: object = getattr(response, "text", None)
+    _check_text(text, "text")
+    usage = _check_usage(getattr(response, "usage", None), "usage")
+    stop_reason: object = getattr(response, "stop_reason", None)
+    _check_stop_reason(stop_reason, "stop_reason")
+    raw_calls: object = getattr(response, "tool_calls", None)
+    if not isinstance(raw_calls, tuple | list):
+        raise _malformed("tool_calls_not_sequence", f"tool_calls is a "
+                         f"{type(raw_calls).__name__}, not a sequence of ToolCall",
+                         field="tool_calls")
+    calls = check_tool_calls(raw_calls)
+    if stop_reason == "tool_calls" and not calls:
         raise _malformed("tool_calls_missing", "stop_reason is 'tool_calls' but the response "
                          "has no tool calls")
-    return response
+    validated = _validated(ModelResponse, {
+        "text": text, "stop_reason": stop_reason,
+        "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
+        "tool_calls": tuple({"id": c.id, "name": c.name, "arguments": c.arguments}
+                            for c in calls)})
+    return response if validated == response else validated
+
+
+def _validated(model: type[Any], data: dict[str, Any]) -> Any:
+    """``model`` validated from ``data`` (strictly), or :class:`MalformedResponseError`
+    naming the first field that fails."""
+    try:
+        return model.model_validate(data, strict=True)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "$"
+        raise _malformed("invalid_response", f"{field}: {first['msg']}",
+                         field=field) from None
+
+
+def check_stream_event(event: object, index: int = 0) -> StreamEvent:
+    """Return ``event`` if it is a well-formed stream event; else raise
+    :class:`MalformedResponseError`: not an event (``not_a_stream_event``), a
+    :class:`TextDelta` whose text is not a UTF-8 encodable string, a
+    :class:`ToolCallDelta` whose call is malformed (as in :func:`check_tool_calls`; its
+    ``index`` is the call's position), or a :class:`StreamEnd` whose usage or stop reason
+    is (``bad_usage``, ``bad_stop_reason``). ``index`` is the event's position in the
+    stream (for the message)."""
+    if isinstance(event, TextDelta):
+        _check_text(getattr(event, "text", None), "text", index=index)
+    elif isinstance(event, ToolCallDelta):
+        _check_call(getattr(event, "call", None), index)
+    elif isinstance(event, StreamEnd):
+        _check_usage(getattr(event, "usage", None), "usage")
+        _check_stop_reason(getattr(event, "stop_reason", None), "stop_reason")
+    else:
+        raise _malformed("not_a_stream_event", f"stream item #{index + 1} is a "
+                         f"{type(event).__name__}, not a stream event", index=index)
+    return event
 
 
 async def assemble_stream(events: AsyncIterable[StreamEvent]) -> ModelResponse:
@@ -147,9 +257,11 @@ async def assemble_stream(events: AsyncIterable[StreamEvent]) -> ModelResponse:
     :func:`check_response`.
 
     Raises :class:`IncompleteStreamError` if the stream ends without ``StreamEnd`` and
-    :class:`MalformedResponseError` for a non-event item or a malformed tool call (as soon as
-    it arrives). Whatever happens, the stream is closed (``aclose()``) before this returns,
-    so a provider's connection (and the caller's slot) is released. Errors raised by the
+    :class:`MalformedResponseError` for a non-event item or a malformed event (a tool call,
+    text that is not a UTF-8 string, a ``StreamEnd`` without valid usage; as soon as it
+    arrives, see :func:`check_stream_event`). Whatever happens, the stream is closed
+    (``aclose()``) before this returns, so a provider's connection (and the caller's slot)
+    is released. Errors raised by the
     stream itself, including cancellation, propagate unchanged.
     """
     text: list[str] = []
@@ -159,21 +271,24 @@ async def assemble_stream(events: AsyncIterable[StreamEvent]) -> ModelResponse:
     try:
         async for event in events:
             count += 1
-            if isinstance(event, TextDelta):
-                text.append(event.text)
-            elif isinstance(event, ToolCallDelta):
+            if isinstance(event, ToolCallDelta):
                 call = _check_call(event.call, len(calls))
                 if call.id in ids:
                     raise _duplicate(call, len(calls))
                 ids.add(call.id)
                 calls.append(call)
+                continue
+            check_stream_event(event, count - 1)
+            if isinstance(event, TextDelta):
+                text.append(event.text)
             elif isinstance(event, StreamEnd):
-                return check_response(ModelResponse(
-                    text="".join(text), tool_calls=tuple(calls), usage=event.usage,
-                    stop_reason=event.stop_reason))
-            else:
-                raise _malformed("not_a_stream_event", f"stream item #{count} is a "
-                                 f"{type(event).__name__}, not a stream event", index=count - 1)
+                usage = event.usage
+                return check_response(_validated(ModelResponse, {
+                    "text": "".join(text), "stop_reason": event.stop_reason,
+                    "usage": {"input_tokens": usage.input_tokens,
+                              "output_tokens": usage.output_tokens},
+                    "tool_calls": tuple({"id": c.id, "name": c.name, "arguments": c.arguments}
+                                        for c in calls)}))
         received = sum(len(t) for t in text)
         raise IncompleteStreamError(
             f"the model stream ended after {count} event(s) without a StreamEnd, so it is "

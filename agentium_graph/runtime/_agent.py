@@ -6,10 +6,14 @@ a tool node. Before a model call its admission is charged (one model call, one w
 the input-token estimate and the output-token reservation); the complete response is
 journaled (a blob + a ``model_response`` entry bound to the request digest) **before** its
 tool calls run, together with any usage beyond the reservation. Tool results are journaled
-the same way. On recovery the node restarts from entry: a request whose digest matches a
-journaled response replays it (same text, same tool-call ids) with no provider call and no
-new charge; journaled tool results are reused. An interrupted call is simply asked again;
-its reservation stays charged as unknown usage.
+the same way, under the call's key (:func:`call_key`: the model's id, made distinct per turn
+when a later turn reuses it). On recovery the node restarts from entry: a request whose
+digest matches a journaled response replays it (same text, same tool-call ids) with no
+provider call and no new charge; journaled tool results are reused. An interrupted call is
+simply asked again; its reservation stays charged as unknown usage. The agent's tools are
+the versions the task pinned at create, so its requests do not depend on the catalog of the
+process that runs it. A response is checked whole (:func:`check_response`) before any of it
+is journaled; a call is bounded by ``effect_timeout`` (:class:`ProviderTimeoutError`).
 
 Canceling the agent (a task cancel or deadline) cancels its model calls, never an effect in
 flight: a connector-backed tool call runs to its end in a task of its own (dispatch bounded by
@@ -30,13 +34,16 @@ from typing import TYPE_CHECKING, Any
 
 from agentium_graph._canonical import admission_id, canonical_json, digest_text
 from agentium_graph.catalog._bindings import AgentBinding, ToolBinding
+from agentium_graph.catalog._catalog import _version_key as version_key
 from agentium_graph.errors import (
     BudgetExhaustedError,
+    DescriptorMismatchError,
     ErrorInfo,
     NodeFailedError,
 )
 from agentium_graph.providers import (
     IncompleteStreamError,
+    MalformedResponseError,
     ModelMessage,
     ModelRequest,
     ModelResponse,
@@ -46,6 +53,7 @@ from agentium_graph.providers import (
     assemble_stream,
     check_response,
 )
+from agentium_graph.providers._errors import ProviderTimeoutError
 from agentium_graph.runtime import _effects as effects
 from agentium_graph.runtime._blobs import read_verified
 from agentium_graph.runtime._context import ToolContext
@@ -68,7 +76,7 @@ class AgentRecords:
     """What earlier runs journaled for agent nodes, indexed for replay."""
 
     responses: dict[tuple[str, str], str] = field(default_factory=dict)  # (node, req) -> blob
-    tools: dict[tuple[str, str], str] = field(default_factory=dict)      # (node, call) -> blob
+    tools: dict[tuple[str, str], str] = field(default_factory=dict)  # (node, call key) -> blob
     # The planner's rejected proposals: request digest -> the diagnostics journaled for it.
     verdicts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
@@ -121,6 +129,7 @@ async def _loop(run: TaskRun, spec: NodeSpec, args: dict[str, Any]) -> Outcome:
                   for t in tools.values())
     usage = {"input_tokens": 0, "output_tokens": 0, "model_calls": 0}
     rec = run.nodes[spec.id]
+    keys: set[str] = set()  # the call keys of this agent's tool calls so far
     for turn in range(agent.max_turns):
         request = ModelRequest(model_messages=tuple(messages), tools=specs,
                                max_output_tokens=agent.max_output_tokens,
@@ -134,7 +143,7 @@ async def _loop(run: TaskRun, spec: NodeSpec, args: dict[str, Any]) -> Outcome:
             return check_output(spec.id, binding, {"text": response.text, "usage": usage},
                                 run.max_blob_bytes)
         for call in response.tool_calls:
-            result = await _tool_call(run, spec, tools, call)
+            result = await _tool_call(run, spec, tools, call, call_key(call.id, turn, keys))
             messages.append(ModelMessage(role="tool", content=canonical_json(result),
                                          tool_call_id=call.id))
     raise AgentFailure(f"agent node {spec.id!r} did not finish within max_turns="
@@ -142,15 +151,58 @@ async def _loop(run: TaskRun, spec: NodeSpec, args: dict[str, Any]) -> Outcome:
                        node_id=spec.id, details={"max_turns": agent.max_turns})
 
 
+def call_key(call_id: str, turn: int, used: set[str]) -> str:
+    """The key a tool call's admission, action identity and journaled result go by.
+
+    Many provider adapters number tool calls per response (``call_0`` in every turn), so a
+    model's call id alone does not name one call of the agent. A call keeps its id as its
+    key the first time the id appears (which is what tasks journaled before keys existed
+    used, so their records are still found); a later call with an id already used gets a
+    key naming its turn (``call_0#t1``, made unique if even that is taken). Keys depend only
+    on the sequence of responses, which recovery replays, so they are stable across runs.
+    The model still sees its own id (``tool_call_id``); only the runtime uses the key."""
+    key = call_id
+    if key in used:
+        key = base = f"{call_id}#t{turn}"
+        n = 1
+        while key in used:
+            n += 1
+            key = f"{base}.{n}"
+    used.add(key)
+    return key
+
+
 def _tool_bindings(run: TaskRun, spec: NodeSpec, names: tuple[str, ...]
                    ) -> dict[str, ToolBinding]:
+    """The agent's tools in the versions the task pinned at create (the highest version of
+    each that was registered then), so a version added to the catalog later changes neither
+    what the agent may call nor its requests (whose digests find recorded responses)."""
+    pinned = run.identity.descriptors
     found: dict[str, ToolBinding] = {}
     for name in names:
-        tool = run.rt.catalog.latest_tool(name)
-        if tool is None:
-            raise AgentFailure(f"agent node {spec.id!r}: tool {name!r} is not in the catalog",
-                               node_id=spec.id)
-        found[name] = tool
+        versions = [key.rpartition("@")[2] for key, desc in pinned.items()
+                    if key.rpartition("@")[0] == name and desc.get("kind") == "tool"]
+        if not versions:
+            # Not pinned (e.g. not granted to the task): the catalog's latest, as the task
+            # could not have pinned it.
+            tool = run.rt.catalog.latest_tool(name)
+            if tool is None:
+                raise AgentFailure(f"agent node {spec.id!r}: tool {name!r} is not in the "
+                                   "catalog", node_id=spec.id)
+            found[name] = tool
+            continue
+        version = max(versions, key=version_key)
+        binding = run.rt.catalog.get(name, version)
+        current = run.rt.catalog.descriptor(name, version)
+        if not isinstance(binding, ToolBinding) or current is None or \
+                current.model_dump(mode="json") != pinned[f"{name}@{version}"]:
+            raise DescriptorMismatchError(
+                f"task {run.key!r} pinned tool {name!r} version {version!r} for agent node "
+                f"{spec.id!r}, which this catalog "
+                f"{'no longer registers' if current is None else 'registers differently'}; "
+                "register the original binding again to recover the task",
+                node_id=spec.id, details={"binding": name, "version": version})
+        found[name] = binding
     return found
 
 
@@ -166,6 +218,8 @@ class ModelCaller:
     stream: bool
     timeout: float
     journal_kind: str = MODEL_KIND
+    # What bounds the call, as the timeout error names it (what to raise).
+    timeout_setting: str = "the model call's time limit"
 
 
 @dataclass(slots=True)
@@ -196,9 +250,18 @@ async def fetch_response(run: TaskRun, caller: ModelCaller, request: ModelReques
         if problem is not None:
             raise damaged(f"journaled model response {recorded} is {problem}; the store was "
                           "modified")
-        return Fetched(ModelResponse.model_validate_json(blobs.texts[recorded]), req_digest,
-                       recorded, [], {})
-    reserve_out = request.max_output_tokens or 0
+        try:
+            replayed = check_response(ModelResponse.model_validate_json(blobs.texts[recorded]))
+        except (ValueError, MalformedResponseError) as exc:  # pydantic's ValidationError too
+            # Journaled by a version that did not check responses whole: unusable as it is.
+            raise damaged(f"journaled model response {recorded} is not a valid response "
+                          f"({_first_line(exc)}); it was journaled unchecked by an earlier "
+                          "version, so this node cannot be recovered from it") from None
+        return Fetched(replayed, req_digest, recorded, [], {})
+    # A call reserves at least one output token: a call without max_output_tokens would
+    # otherwise reserve none, and a task whose output_tokens counter already reached its
+    # limit would go on calling the model (each overshoot only journaled as over the limit).
+    reserve_out = request.max_output_tokens or 1
     estimate_in = math.ceil(len(canonical_json(request.model_dump(mode="json"))) / 4)
     for attempt in range(STREAM_ATTEMPTS):
         # One provider invocation = one work attempt; an interrupted one stays charged.
@@ -225,6 +288,15 @@ async def fetch_response(run: TaskRun, caller: ModelCaller, request: ModelReques
                             admission_id(caller.incarnation, f"usage:{req_digest}"),
                             caller.node_id)]
     return Fetched(response, req_digest, resp_digest, steps, {resp_digest: text})
+
+
+def _first_line(exc: BaseException) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):  # pydantic's ValidationError: its first error, with its field
+        first = errors()[0]
+        return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def beyond_reservation(usage: Usage, estimate_in: int, reserve_out: int, adm: str,
@@ -275,7 +347,8 @@ def clamp_usage(run: TaskRun, steps: list[Any], pending: dict[str, int]) -> list
 async def _model_call(run: TaskRun, spec: NodeSpec, incarnation: str, agent: Any,
                       request: ModelRequest) -> ModelResponse:
     caller = ModelCaller(node_id=spec.id, incarnation=incarnation, provider=agent.provider,
-                         stream=agent.stream, timeout=run.rt.effect_timeout)
+                         stream=agent.stream, timeout=run.rt.effect_timeout,
+                         timeout_setting="ExecutionGraphRuntime(effect_timeout=...)")
     fetched = await fetch_response(
         run, caller, request,
         lambda problem: AgentFailure(f"agent node {spec.id!r}: {problem}", node_id=spec.id))
@@ -287,18 +360,36 @@ async def _model_call(run: TaskRun, spec: NodeSpec, incarnation: str, agent: Any
 
 
 async def _invoke_provider(caller: ModelCaller, request: ModelRequest) -> ModelResponse:
+    """One provider call, bounded by ``caller.timeout``, its response checked whole
+    (:func:`check_response`: a malformed one is a typed error before anything is
+    journaled)."""
     provider = caller.provider
-    if caller.stream:
-        # The permit is held until the stream is closed, also when it ends early.
-        stream = provider.stream(request)
-        async with contextlib.aclosing(stream):
-            return await asyncio.wait_for(assemble_stream(stream), caller.timeout)
-    return check_response(await asyncio.wait_for(provider.complete(request), caller.timeout))
+    limit = asyncio.timeout(caller.timeout)
+    try:
+        async with limit:
+            if caller.stream:
+                # The permit is held until the stream is closed, also when it ends early.
+                stream = provider.stream(request)
+                async with contextlib.aclosing(stream):
+                    return await assemble_stream(stream)
+            return check_response(await provider.complete(request))
+    except TimeoutError:
+        if not limit.expired():
+            raise  # the provider's own timeout (e.g. its transport's): its error as it is
+        raise ProviderTimeoutError(
+            f"the model call {'stream' if caller.stream else 'request'} of "
+            f"{'the planner' if caller.node_id is None else f'agent node {caller.node_id!r}'} "
+            f"did not finish within {caller.timeout:g} s, the limit set by "
+            f"{caller.timeout_setting}; raise it if the model needs longer, or make the "
+            "provider answer sooner (its reservation stays charged)",
+            node_id=caller.node_id,
+            details={"timeout_seconds": caller.timeout, "limit": caller.timeout_setting,
+                     "stream": caller.stream}) from None
 
 
 async def _tool_call(run: TaskRun, spec: NodeSpec, tools: dict[str, ToolBinding],
-                     call: ToolCall) -> Any:
-    recorded = run.agent_records.tools.get((spec.id, call.id))
+                     call: ToolCall, key: str) -> Any:
+    recorded = run.agent_records.tools.get((spec.id, key))
     if recorded is not None:
         return json.loads(await _blob(run, recorded, spec))
     tool = tools.get(call.name)
@@ -316,15 +407,18 @@ async def _tool_call(run: TaskRun, spec: NodeSpec, tools: dict[str, ToolBinding]
     if tool.connector is not None:
         sub = NodeSpec(id=spec.id, local=spec.local, scope=spec.scope, binding=tool,
                        args=call.arguments, refs=(), deps=())
-        return await _unpreempted(run, _effect_tool(run, spec, sub, call),
-                                  name=f"effect:{run.key}:{spec.id}:{call.id}")
-    return await _journal(run, spec, tool, call, await _pure_call(run, spec, tool, call))
+        return await _unpreempted(run, _effect_tool(run, spec, sub, call, key),
+                                  name=f"effect:{run.key}:{spec.id}:{key}")
+    return await _journal(run, spec, tool, call, key,
+                          await _pure_call(run, spec, tool, call, key))
 
 
-async def _effect_tool(run: TaskRun, spec: NodeSpec, sub: NodeSpec, call: ToolCall) -> Any:
+async def _effect_tool(run: TaskRun, spec: NodeSpec, sub: NodeSpec, call: ToolCall,
+                       key: str) -> Any:
     tool = sub.binding
     assert isinstance(tool, ToolBinding)
-    return await _journal(run, spec, tool, call, await _effect_call(run, spec, sub, call))
+    return await _journal(run, spec, tool, call, key,
+                          await _effect_call(run, spec, sub, call, key))
 
 
 async def _unpreempted(run: TaskRun, work: Coroutine[Any, Any, Any], *, name: str) -> Any:
@@ -360,7 +454,7 @@ def _effects_settle(run: TaskRun) -> bool:
 
 
 async def _journal(run: TaskRun, spec: NodeSpec, tool: ToolBinding, call: ToolCall,
-                   outcome: Outcome) -> Any:
+                   key: str, outcome: Outcome) -> Any:
     """Journal a tool call's result (and its action's receipt) and return its output, or
     end the node as the outcome says."""
     if outcome.state in ("uncertain", "budget", "canceled"):
@@ -378,19 +472,20 @@ async def _journal(run: TaskRun, spec: NodeSpec, tool: ToolBinding, call: ToolCa
         raise _Settled(Outcome("failed", error=ErrorInfo.from_exception(error),
                                exception=error, action=outcome.action))
     assert outcome.text is not None and outcome.digest is not None
+    # "call_id" is the call's key (the model's own id the first time it is used).
     steps: list[Any] = [AppendJournal(kind=TOOL_KIND, node_id=spec.id, data={
-        "call_id": call.id, "tool": tool.id, "digest": outcome.digest})]
+        "call_id": key, "tool": tool.id, "digest": outcome.digest})]
     if outcome.action is not None:
         steps.insert(0, RecordAction(action=outcome.action))
     await run.submit(steps, {outcome.digest: outcome.text})
-    run.agent_records.tools[(spec.id, call.id)] = outcome.digest
+    run.agent_records.tools[(spec.id, key)] = outcome.digest
     return outcome.output
 
 
-async def _pure_call(run: TaskRun, spec: NodeSpec, tool: ToolBinding, call: ToolCall
-                     ) -> Outcome:
+async def _pure_call(run: TaskRun, spec: NodeSpec, tool: ToolBinding, call: ToolCall,
+                     key: str) -> Outcome:
     rec = run.nodes[spec.id]
-    adm = admission_id(rec.incarnation_id, f"tool:{call.id}:{run.fence}")
+    adm = admission_id(rec.incarnation_id, f"tool:{key}:{run.fence}")
     ticket = await run.admission.acquire(spec.id)
     try:
         await run.submit([Charge(admission_id=adm, node_id=spec.id,
@@ -405,21 +500,22 @@ async def _pure_call(run: TaskRun, spec: NodeSpec, tool: ToolBinding, call: Tool
         run.admission.release(ticket)
 
 
-async def _effect_call(run: TaskRun, spec: NodeSpec, sub: NodeSpec, call: ToolCall
-                       ) -> Outcome:
-    """A connector-backed tool called by the agent: the same ledger as a tool node."""
+async def _effect_call(run: TaskRun, spec: NodeSpec, sub: NodeSpec, call: ToolCall,
+                       key: str) -> Outcome:
+    """A connector-backed tool called by the agent: the same ledger as a tool node, with
+    the call's key as the call id of the action's identity."""
     tool = sub.binding
     assert isinstance(tool, ToolBinding)
     rec = run.nodes[spec.id]
     args = dict(call.arguments)
-    act = effects.action_id_for(run, rec, tool, args, call_id=call.id)
+    act = effects.action_id_for(run, rec, tool, args, call_id=key)
     ticket = await run.admission.acquire(spec.id)
     try:
         existing = run.actions.get(act)
         if existing is None or existing.state == "intent":
-            steps, _, _ = effects.start_steps(run, sub, rec, "", args, "", call_id=call.id)
+            steps, _, _ = effects.start_steps(run, sub, rec, "", args, "", call_id=key)
             await run.submit(steps[1:])  # no new node attempt: the agent's attempt covers it
-        return await effects.execute_effect(run, sub, args, call_id=call.id, permit=ticket)
+        return await effects.execute_effect(run, sub, args, call_id=key, permit=ticket)
     finally:
         run.admission.release(ticket)
 
