@@ -196,9 +196,9 @@ class SQLiteDurableTaskStore:
     error), and nothing in it is ever created, converted or migrated (SQLite itself may
     create the empty ``-wal``/``-shm`` side files of a WAL database in a writable
     directory); a file of an older schema version is read as it is (a writing store
-    migrates it). The file itself may be read-only. Every mutating operation raises :class:`~agentium_graph.StoreError` without
-    touching the file. This is how the ``agentium-graph`` CLI's ``list``, ``inspect`` and
-    ``timeline`` open a store.
+    migrates it). The file itself may be read-only. Every mutating operation raises
+    :class:`~agentium_graph.StoreError` without touching the file. This is how the
+    ``agentium-graph`` CLI's ``list``, ``inspect`` and ``timeline`` open a store.
 
     ``create=False``: a writing store that refuses a file that is not already an
     agentium-graph-sqlite database (missing, empty, or a SQLite file without our tables)
