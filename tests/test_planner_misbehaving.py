@@ -101,3 +101,36 @@ async def test_usage_of_a_stream_that_ends_without_sealing_is_charged_up_to_the_
     assert ended and all(e.data["usage"]["output_tokens"] == 1_000_000 for e in ended)
     over = sum(e.data.get("usage_over_limit", {}).get("output_tokens", 0) for e in ended)
     assert over > 0  # what the limits could not take is journaled, not dropped
+
+
+class Malformed:
+    """Streams a frame, then an event whose fields break the event's own types."""
+
+    id, version = "malformed", "1"
+
+    def __init__(self, bad: Any) -> None:
+        self.bad = bad
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        raise AssertionError("stream mode never calls complete()")
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Any]:
+        yield TextDelta(text=FRAME)
+        yield self.bad
+
+
+@pytest.mark.parametrize("bad", [
+    StreamEnd.model_construct(usage=None, stop_reason="end"),
+    StreamEnd.model_construct(usage=Usage.model_construct(input_tokens=-5, output_tokens=1),
+                              stop_reason="end"),
+    TextDelta.model_construct(text=42),
+], ids=["no-usage", "negative-usage", "text-not-a-string"])
+async def test_a_malformed_stream_event_fails_the_planner_with_a_typed_error(bad: Any) -> None:
+    program = ExecutionGraphProgram(id="pp", version="1", planner=PlannerConfig(
+        provider=Malformed(bad), host_instructions="plan", mode="stream"))
+    rt = ExecutionGraphRuntime(catalog=catalog([]), programs=[program])
+    await rt.create("k", program)
+    with pytest.raises(PlannerFailedError, match="MalformedResponseError"):
+        await rt.run("k")
+    counters = (await rt.admission_snapshot("k")).counters
+    assert counters["input_tokens"] >= 0 and counters["output_tokens"] >= 0

@@ -26,6 +26,7 @@ from agentium_graph.providers import (
     ModelResponse,
     PartialStream,
     ProviderError,
+    ProviderTimeoutError,
     ScriptedProvider,
     ScriptedTurn,
     ScriptExhaustedError,
@@ -73,6 +74,7 @@ def test_all_is_pinned_and_resolves() -> None:
     assert sorted(providers.__all__) == sorted({
         "CallRecord", "IncompleteStreamError", "MalformedResponseError", "ModelMessage",
         "ModelProvider", "ModelRequest", "ModelResponse", "PartialStream", "ProviderError",
+        "ProviderTimeoutError", "check_stream_event",
         "Role", "ScriptExhaustedError", "ScriptedProvider", "ScriptedTurn", "StopReason",
         "StreamEnd", "StreamEvent", "TextDelta", "ToolCall", "ToolCallDelta", "ToolSpec",
         "TurnMatch", "Usage", "assemble_stream", "check_response", "check_tool_calls",
@@ -87,7 +89,8 @@ def test_errors_have_the_common_root_and_unique_codes() -> None:
     taken = {getattr(errors, n).code for n in errors.__all__
              if isinstance(getattr(errors, n), type)
              and issubclass(getattr(errors, n), AgentiumGraphError)}
-    ours = [IncompleteStreamError, MalformedResponseError, ProviderError, ScriptExhaustedError]
+    ours = [IncompleteStreamError, MalformedResponseError, ProviderError, ScriptExhaustedError,
+            ProviderTimeoutError]
     codes = [e.code for e in ours]
     assert all(issubclass(e, ProviderError) and issubclass(e, AgentiumGraphError) for e in ours)
     assert len(set(codes)) == len(codes) and not taken & set(codes)

@@ -11,6 +11,7 @@ from agentium_graph.providers._errors import (
     IncompleteStreamError,
     MalformedResponseError,
     ProviderError,
+    ProviderTimeoutError,
     ScriptExhaustedError,
 )
 from agentium_graph.providers._fake import (
@@ -39,6 +40,7 @@ from agentium_graph.providers._protocol import (
     ModelProvider,
     assemble_stream,
     check_response,
+    check_stream_event,
     check_tool_calls,
 )
 
@@ -52,6 +54,7 @@ __all__ = [
     "ModelResponse",
     "PartialStream",
     "ProviderError",
+    "ProviderTimeoutError",
     "Role",
     "ScriptExhaustedError",
     "ScriptedProvider",
@@ -67,6 +70,7 @@ __all__ = [
     "Usage",
     "assemble_stream",
     "check_response",
+    "check_stream_event",
     "check_tool_calls",
     "read_call_log",
 ]

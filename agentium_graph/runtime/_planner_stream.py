@@ -52,6 +52,7 @@ from agentium_graph.providers import (
     StreamEnd,
     TextDelta,
     ToolCallDelta,
+    check_stream_event,
 )
 from agentium_graph.runtime._agent import PROPOSAL_KIND, beyond_reservation
 from agentium_graph.runtime._containers import node_record
@@ -214,6 +215,7 @@ async def _one_stream(run: TaskRun, program: ExecutionGraphProgram, config: Plan
         stream = config.provider.stream(request)
         clock = asyncio.get_running_loop().time
         progress = clock()  # the stream's start, then each committed frame
+        seen = 0
         async with contextlib.aclosing(stream):
             while True:
                 # max_latency_ms bounds the wait for each event *and* for each next frame, so
@@ -230,6 +232,11 @@ async def _one_stream(run: TaskRun, program: ExecutionGraphProgram, config: Plan
                 except IncompleteStreamError as exc:
                     raise _Rejected([Diagnostic(path="$", code="stream_incomplete",
                                                 message=str(exc))], judged=False) from None
+                seen += 1
+                if isinstance(event, TextDelta | StreamEnd):
+                    # Text that is no string, or usage that is no count, is the adapter's
+                    # fault: typed, before anything of it is journaled or charged.
+                    check_stream_event(event, seen - 1)
                 if isinstance(event, TextDelta):
                     for text in reader.feed(event.text):
                         await _frame(run, program, config, text, state, call)
