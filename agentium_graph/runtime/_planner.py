@@ -165,7 +165,7 @@ def check_proposal(run: TaskRun, program: ExecutionGraphProgram, proposal: Any, 
 
     ``revision``: the revision it must declare. ``count_nodes``: check the expansion
     allowance for all its nodes (a streamed revision counts only the nodes it adds)."""
-    from agentium_graph.runtime._runtime import used_bindings
+    from agentium_graph.runtime._runtime import pinned_keys_used
 
     try:
         compiled = run.rt.compile_plan(proposal, program.limits, run.grants,
@@ -177,8 +177,9 @@ def check_proposal(run: TaskRun, program: ExecutionGraphProgram, proposal: Any, 
     if compiled.revision != revision:
         diags.append(Diagnostic(path="$.revision", code="revision_mismatch", message=(
             f"this plan must be revision {revision}, not {compiled.revision}")))
-    unpinned = sorted(f"{b.id}@{b.version}" for b in used_bindings(compiled, run.rt.catalog)
-                      if f"{b.id}@{b.version}" not in run.identity.descriptors)
+    unpinned = sorted(key for key in pinned_keys_used(compiled, run.rt.catalog,
+                                                      run.identity.descriptors)
+                      if key not in run.identity.descriptors)
     if unpinned:
         diags.append(Diagnostic(path="$.nodes", code="binding_not_pinned", message=(
             f"bindings {unpinned} were not in the catalog when the task was created; use "

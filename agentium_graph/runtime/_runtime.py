@@ -26,6 +26,7 @@ from agentium_graph._canonical import (
 from agentium_graph._program import ExecutionGraphProgram, PlanLimits
 from agentium_graph.catalog._bindings import AgentBinding, Binding, GraphBinding, RepeatBinding
 from agentium_graph.catalog._catalog import HostCatalog
+from agentium_graph.catalog._catalog import _version_key as version_key
 from agentium_graph.connectors import Absent, ActionOutcome
 from agentium_graph.errors import (
     ConfigurationError,
@@ -391,8 +392,9 @@ class ExecutionGraphRuntime:
                 plan = await self._planned_root(identity, snapshot.header)
                 # Before planning every pinned binding may be proposed; after it, only the
                 # ones the committed plan reaches matter (as for a static plan).
-                self._check_descriptors(identity, None if snapshot.header.revision == 0 else {
-                    f"{b.id}@{b.version}" for b in used_bindings(plan, self.catalog)})
+                self._check_descriptors(identity, None if snapshot.header.revision == 0 else
+                                        pinned_keys_used(plan, self.catalog,
+                                                         identity.descriptors))
             state = RunState(header=snapshot.header, nodes=dict(snapshot.nodes),
                              actions=dict(snapshot.actions), identity=identity,
                              outputs=await self._load_outputs(snapshot))
@@ -723,14 +725,30 @@ class ExecutionGraphRuntime:
 
 
 def used_bindings(plan: CompiledPlan, catalog: HostCatalog) -> list[Binding]:
-    """Every binding the plan can reach: its nodes, nested programs and agent tools."""
-    seen: dict[tuple[str, str], Binding] = {}
+    """Every binding the plan can reach: its nodes, nested programs and agent tools (at the
+    catalog's latest version, which is what ``create`` pins)."""
+    found = _reach(plan, catalog, None)
+    return [b for _, b in sorted(found.items()) if b is not None]
+
+
+def pinned_keys_used(plan: CompiledPlan, catalog: HostCatalog,
+                     pinned: Mapping[str, Any]) -> set[str]:
+    """``id@version`` of every binding the plan reaches once the task pinned its catalog:
+    an agent's tools at the versions pinned at create (as the agent uses them), even when
+    this catalog no longer registers them (the descriptor check then names them)."""
+    return set(_reach(plan, catalog, pinned))
+
+
+def _reach(plan: CompiledPlan, catalog: HostCatalog,
+           pinned: Mapping[str, Any] | None) -> dict[str, Binding | None]:
+    seen: dict[str, Binding | None] = {}
     stack: list[Binding] = [n.binding for n in plan.nodes.values()]
     while stack:
         binding = stack.pop()
-        if (binding.id, binding.version) in seen:
+        key = f"{binding.id}@{binding.version}"
+        if key in seen:
             continue
-        seen[(binding.id, binding.version)] = binding
+        seen[key] = binding
         if isinstance(binding, GraphBinding | RepeatBinding) and binding.program.plan:
             for raw in binding.program.plan.get("nodes", []):
                 found = catalog.get(raw.get("binding"), raw.get("version"))
@@ -738,10 +756,21 @@ def used_bindings(plan: CompiledPlan, catalog: HostCatalog) -> list[Binding]:
                     stack.append(found)
         if isinstance(binding, AgentBinding):
             for tool in binding.agent.tools:
-                found = catalog.latest_tool(tool)
-                if found is not None:
-                    stack.append(found)
-    return [seen[k] for k in sorted(seen)]
+                versions = [] if pinned is None else [
+                    k.rpartition("@")[2] for k, d in pinned.items()
+                    if k.rpartition("@")[0] == tool and d.get("kind") == "tool"]
+                if versions:
+                    version = max(versions, key=version_key)
+                    tool_binding = catalog.get(tool, version)
+                    if tool_binding is None:
+                        seen.setdefault(f"{tool}@{version}", None)
+                    else:
+                        stack.append(tool_binding)
+                    continue
+                latest = catalog.latest_tool(tool)
+                if latest is not None:
+                    stack.append(latest)
+    return seen
 
 
 def _raise_terminal(header: TaskHeader) -> None:
