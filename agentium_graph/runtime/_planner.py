@@ -165,7 +165,7 @@ def check_proposal(run: TaskRun, program: ExecutionGraphProgram, proposal: Any, 
 
     ``revision``: the revision it must declare. ``count_nodes``: check the expansion
     allowance for all its nodes (a streamed revision counts only the nodes it adds)."""
-    from agentium_graph.runtime._runtime import pinned_keys_used
+    from agentium_graph.runtime._reach import pinned_keys_used
 
     try:
         compiled = run.rt.compile_plan(proposal, program.limits, run.grants,

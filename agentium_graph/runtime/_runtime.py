@@ -24,9 +24,8 @@ from agentium_graph._canonical import (
     task_id,
 )
 from agentium_graph._program import ExecutionGraphProgram, PlanLimits
-from agentium_graph.catalog._bindings import AgentBinding, Binding, GraphBinding, RepeatBinding
+from agentium_graph.catalog._bindings import GraphBinding, RepeatBinding
 from agentium_graph.catalog._catalog import HostCatalog
-from agentium_graph.catalog._catalog import _version_key as version_key
 from agentium_graph.connectors import Absent, ActionOutcome
 from agentium_graph.errors import (
     ConfigurationError,
@@ -74,6 +73,7 @@ from agentium_graph.runtime._planner import (
     empty_plan,
     find_program,
 )
+from agentium_graph.runtime._reach import pinned_keys_used, used_bindings
 from agentium_graph.runtime._resolve import cancel_stopped, resolve_action
 from agentium_graph.runtime._run import FastStartRefused, RunState, TaskRun
 from agentium_graph.runtime._views import (
@@ -722,55 +722,6 @@ class ExecutionGraphRuntime:
         return TaskResult(key=key, status="completed", output=top,
                           revision=snapshot.header.revision,
                           counters=dict(snapshot.header.counters))
-
-
-def used_bindings(plan: CompiledPlan, catalog: HostCatalog) -> list[Binding]:
-    """Every binding the plan can reach: its nodes, nested programs and agent tools (at the
-    catalog's latest version, which is what ``create`` pins)."""
-    found = _reach(plan, catalog, None)
-    return [b for _, b in sorted(found.items()) if b is not None]
-
-
-def pinned_keys_used(plan: CompiledPlan, catalog: HostCatalog,
-                     pinned: Mapping[str, Any]) -> set[str]:
-    """``id@version`` of every binding the plan reaches once the task pinned its catalog:
-    an agent's tools at the versions pinned at create (as the agent uses them), even when
-    this catalog no longer registers them (the descriptor check then names them)."""
-    return set(_reach(plan, catalog, pinned))
-
-
-def _reach(plan: CompiledPlan, catalog: HostCatalog,
-           pinned: Mapping[str, Any] | None) -> dict[str, Binding | None]:
-    seen: dict[str, Binding | None] = {}
-    stack: list[Binding] = [n.binding for n in plan.nodes.values()]
-    while stack:
-        binding = stack.pop()
-        key = f"{binding.id}@{binding.version}"
-        if key in seen:
-            continue
-        seen[key] = binding
-        if isinstance(binding, GraphBinding | RepeatBinding) and binding.program.plan:
-            for raw in binding.program.plan.get("nodes", []):
-                found = catalog.get(raw.get("binding"), raw.get("version"))
-                if found is not None:
-                    stack.append(found)
-        if isinstance(binding, AgentBinding):
-            for tool in binding.agent.tools:
-                versions = [] if pinned is None else [
-                    k.rpartition("@")[2] for k, d in pinned.items()
-                    if k.rpartition("@")[0] == tool and d.get("kind") == "tool"]
-                if versions:
-                    version = max(versions, key=version_key)
-                    tool_binding = catalog.get(tool, version)
-                    if tool_binding is None:
-                        seen.setdefault(f"{tool}@{version}", None)
-                    else:
-                        stack.append(tool_binding)
-                    continue
-                latest = catalog.latest_tool(tool)
-                if latest is not None:
-                    stack.append(latest)
-    return seen
 
 
 def _raise_terminal(header: TaskHeader) -> None:
