@@ -211,6 +211,8 @@ class CancelOutcome(BaseModel):
     recorded: bool
     observed_by: str | None
     header: TaskHeader
+    # This command ended the task itself (a recovery_required task nobody can run).
+    applied: bool = False
 
 
 def _emit_json(model: BaseModel) -> None:
@@ -450,15 +452,18 @@ def cancel_command(config: CliConfig, key: str, reason: str, as_json: bool) -> N
         now = datetime.now(UTC)
         after = await store.request_cancel(CancelTaskRequest(key=key, reason=reason, now=now))
         live = after.lease is not None and after.lease.expires_at > now
+        applied = False
         if after.status == "recovery_required" and not live:
             # Nothing will run it until its actions are resolved: cancel it now (this needs
             # only the store; its uncertain actions stay in the ledger).
             await cancel_stopped(store, key, lease_ttl=15.0, clock=lambda: datetime.now(UTC))
             after = await _header(store, key)
             live = after.lease is not None and after.lease.expires_at > now
+            applied = after.status == "canceled"
         return CancelOutcome(
             key=key, recorded=before.cancel is None and after.cancel is not None,
-            observed_by=after.lease.owner if live and after.lease else None, header=after)
+            observed_by=after.lease.owner if live and after.lease else None, header=after,
+            applied=applied)
 
     outcome = run_with_store(config, request)
     if as_json:
@@ -471,7 +476,7 @@ def _cancel_message(outcome: CancelOutcome) -> str:
     header, key = outcome.header, repr(outcome.key)
     if header.status in ("completed", "failed", "canceled") and not outcome.recorded:
         return f"task {key} is already {header.status}; nothing to cancel"
-    if header.status == "canceled" and outcome.recorded:
+    if header.status == "canceled" and (outcome.recorded or outcome.applied):
         stuck = header.error.details.get("uncertain_actions", []) if header.error else []
         return (f"task {key} canceled" + (
             f"; the outcome of action(s) {', '.join(map(str, stuck))} stays unknown: check "

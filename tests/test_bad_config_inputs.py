@@ -441,3 +441,28 @@ async def test_a_forged_cursor_beyond_any_sequence_is_refused() -> None:
     forged = base64.urlsafe_b64encode(f"{prefix}:{tag}:{10 ** 20}".encode()).decode()
     with pytest.raises(ConfigurationError, match="invalid timeline cursor"):
         await rt.timeline("k", cursor=forged)
+
+
+def test_a_store_wrapper_with_the_operations_the_runtime_calls_is_accepted() -> None:
+    class Wrapper:  # delegates; no list_tasks, close or async with
+        def __init__(self, inner: InMemoryDurableTaskStore) -> None:
+            self._inner = inner
+            self.capabilities = inner.capabilities
+
+        def __getattr__(self, name: str) -> Any:
+            if name in ("list_tasks", "close", "__aenter__", "__aexit__"):
+                raise AttributeError(name)
+            return getattr(self._inner, name)
+
+    rt = ExecutionGraphRuntime(catalog=make_catalog(Calls()),
+                               store=Wrapper(InMemoryDurableTaskStore()))  # type: ignore[arg-type]
+    assert rt.store is not None
+
+    class Half:
+        capabilities = InMemoryDurableTaskStore().capabilities
+
+        async def commit(self, request: Any) -> Any:
+            raise NotImplementedError
+
+    with pytest.raises(ConfigurationError, match=r"lacks create_task\(\), get_header\(\)"):
+        ExecutionGraphRuntime(catalog=make_catalog(Calls()), store=Half())  # type: ignore[arg-type]

@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from agentium_graph import DurableRecoveryRequiredError, ExecutionGraphRuntime, TaskCanceledError
+from agentium_graph import (
+    Absent,
+    DurableRecoveryRequiredError,
+    ExecutionGraphRuntime,
+    ResolutionConflictError,
+    TaskCanceledError,
+)
 from agentium_graph.cli import cli
 from agentium_graph.store import CancelTaskRequest, CommitRequest, CommitResult, RecordAction
 from agentium_graph_sqlite import SQLiteDurableTaskStore
@@ -130,3 +136,43 @@ def test_a_cancel_recorded_without_a_runtime_is_applied_by_the_next_run(
             return await rt.inspect("pay-1")
 
     assert asyncio.run(record_then_run()).status == "canceled"
+
+
+def test_cli_cancel_says_it_canceled_a_task_whose_cancel_was_already_recorded(
+        tmp_path: Path) -> None:
+    db = tmp_path / "tasks.db"
+    asyncio.run(_uncertain_task(db, Destination()))
+
+    async def record() -> None:  # e.g. by an earlier version, or another process
+        async with SQLiteDurableTaskStore(db) as store:
+            await store.request_cancel(CancelTaskRequest(key="pay-1", reason="earlier",
+                                                         now=datetime.now(UTC)))
+
+    asyncio.run(record())
+    result = CliRunner().invoke(cli, ["--store", f"sqlite:///{db}", "cancel", "pay-1",
+                                      "--reason", "now", "--json"])
+    assert result.exit_code == 0, result.output
+    outcome = json.loads(result.output)
+    assert (outcome["recorded"], outcome["applied"]) == (False, True)
+    assert outcome["header"]["status"] == "canceled"
+    text = CliRunner().invoke(cli, ["--store", f"sqlite:///{db}", "cancel", "pay-1",
+                                    "--reason", "again"])
+    assert "already canceled; nothing to cancel" in text.output  # now it is true
+
+
+def test_resolving_an_action_of_a_canceled_task_says_why_it_cannot(tmp_path: Path) -> None:
+    db = tmp_path / "tasks.db"
+    dest = Destination()
+    action_id = asyncio.run(_uncertain_task(db, dest))
+
+    async def cancel_then_resolve() -> None:
+        async with SQLiteDurableTaskStore(db) as store:
+            rt = ExecutionGraphRuntime(catalog=pay_catalog(FakeConnector(dest)), store=store)
+            await rt.cancel("pay-1", reason="give up")
+            with pytest.raises(ResolutionConflictError,
+                               match=r"is canceled, so action .* can no longer be resolved"):
+                await rt.resolve_action("pay-1", action_id, Absent(), actor="ops")
+            [action] = (await rt.inspect("pay-1")).actions
+            assert action.state == "uncertain" and action.resolution is None
+
+    asyncio.run(cancel_then_resolve())

@@ -14,9 +14,13 @@ from agentium_graph._canonical import digest
 from agentium_graph._program import ExecutionGraphProgram
 from agentium_graph.errors import ConfigurationError
 from agentium_graph.runtime._config import Budgets, RootLimits
-from agentium_graph.store._protocol import DurableTaskStore
 
 M = TypeVar("M", RootLimits, Budgets)
+
+# The store operations the runtime itself calls.
+_STORE_CALLS = ("create_task", "get_header", "get_task", "get_identity", "acquire_lease",
+                "renew_lease", "release_lease", "request_cancel", "commit", "get_blobs",
+                "read_timeline")
 
 _CURSOR_PREFIX = "agt1:"
 
@@ -27,12 +31,17 @@ def check_runtime_args(*, store: object, require_durable: object, lease_ttl: obj
                        policy_revision: object, programs: object) -> None:
     """The types of ``ExecutionGraphRuntime(...)``'s arguments (their ranges are checked
     where they are used)."""
-    if store is not None and (isinstance(store, type) or
-                              not isinstance(store, DurableTaskStore)):
-        raise ConfigurationError(
-            f"store must implement the DurableTaskStore protocol, not "
-            f"{kind(store)}; pass a store instance (InMemoryDurableTaskStore(), "
-            "SQLiteDurableTaskStore(path), MongoDBDurableTaskStore(uri)) or omit it")
+    if store is not None:
+        # What the runtime calls, checked by name: a wrapper or test double that has these
+        # works even without the rest of the protocol (list_tasks, close, async with).
+        missing = [m for m in _STORE_CALLS if not callable(getattr(store, m, None))]
+        if isinstance(store, type) or missing or not hasattr(store, "capabilities"):
+            what = f" (it lacks {', '.join(f'{m}()' for m in missing)})" \
+                if missing and not isinstance(store, type) else ""
+            raise ConfigurationError(
+                f"store must implement the DurableTaskStore protocol, not "
+                f"{kind(store)}{what}; pass a store instance (InMemoryDurableTaskStore(), "
+                "SQLiteDurableTaskStore(path), MongoDBDurableTaskStore(uri)) or omit it")
     if not isinstance(require_durable, bool):
         raise ConfigurationError(f"require_durable must be True or False, not "
                                  f"{kind(require_durable)}")

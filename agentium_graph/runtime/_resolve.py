@@ -40,7 +40,13 @@ from agentium_graph.errors import (
     TaskNotFoundError,
 )
 from agentium_graph.store._protocol import DurableTaskStore
-from agentium_graph.store._records import ActionRecord, NodeRecord, TaskIdentity, TaskSnapshot
+from agentium_graph.store._records import (
+    TERMINAL_TASK,
+    ActionRecord,
+    NodeRecord,
+    TaskIdentity,
+    TaskSnapshot,
+)
 from agentium_graph.store._requests import (
     AcquireLeaseRequest,
     CommitRequest,
@@ -126,6 +132,14 @@ def _unresolved(snapshot: TaskSnapshot, action_id: str, outcome: ActionOutcome |
     if action is None:
         raise ConfigurationError(f"task {snapshot.header.key!r} has no action {action_id!r}; "
                                  "list its actions with inspect")
+    if action.state == "uncertain" and snapshot.header.status in TERMINAL_TASK:
+        raise ResolutionConflictError(
+            f"task {snapshot.header.key!r} is {snapshot.header.status}, so action {action_id} "
+            "can no longer be resolved: the ledger keeps it uncertain, as the evidence that "
+            "its outcome was never attested (resolve uncertain actions before canceling a "
+            "task, if the task should record them)", node_id=action.node_id,
+            details={"key": snapshot.header.key, "action_id": action_id,
+                     "status": snapshot.header.status})
     if action.state == "uncertain":
         return True
     if action.resolution is not None and _same(action, outcome, verdict):
