@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from agentium_graph.errors import ErrorInfo, StoreSchemaError
-from agentium_graph.store import JournalEntry, TaskHeader
+from agentium_graph.store import JournalEntry, NodeRecord, TaskHeader
 
 #: The layout version this package reads and writes. Every document carries it as ``v``.
 SCHEMA_VERSION = 1
@@ -53,6 +53,48 @@ def decode_key(field: str) -> str:
     return field
 
 
+# --- error texts kept inline -----------------------------------------------------------------
+#: An error is stored twice in the task document (the node record and, when it fails the
+#: task, the header), once per failed node: so that a failing node can always be recorded
+#: under MongoDB's 16 MiB document limit, an inline error keeps at most this much of its
+#: message (and a bounded excerpt of its details). The journal entry of the failure, a
+#: document of its own, keeps the full error.
+INLINE_ERROR_CHARS = 4096
+_INLINE_DETAIL_CHARS = 256
+_INLINE_DETAIL_KEYS = 32
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return (f"{text[:limit]}... [truncated by the MongoDB store: {len(text) - limit} more "
+            "characters; the task's timeline has the full text]")
+
+
+def inline_error(error: ErrorInfo) -> ErrorInfo:
+    """``error`` as the task document keeps it: unchanged when small, else bounded."""
+    if len(error.message) <= INLINE_ERROR_CHARS and len(error.details) <= _INLINE_DETAIL_KEYS \
+            and len(json.dumps(error.details, default=str)) <= INLINE_ERROR_CHARS:
+        return error
+    details: dict[str, Any] = {}
+    for name, value in list(error.details.items())[:_INLINE_DETAIL_KEYS]:
+        if not isinstance(value, str | int | float | bool) and value is not None:
+            value = json.dumps(value, default=str)
+        if isinstance(value, str):
+            value = _cut(value, _INLINE_DETAIL_CHARS)
+        details[_cut(str(name), _INLINE_DETAIL_CHARS)] = value
+    return error.model_copy(update={"message": _cut(error.message, INLINE_ERROR_CHARS),
+                                    "details": details})
+
+
+def stored_node(node: NodeRecord) -> NodeRecord:
+    """The node record as the task document keeps it (its error bounded)."""
+    if node.error is None:
+        return node
+    error = inline_error(node.error)
+    return node if error is node.error else node.model_copy(update={"error": error})
+
+
 # --- header --------------------------------------------------------------------------------
 
 def header_doc(header: TaskHeader) -> dict[str, Any]:
@@ -62,7 +104,7 @@ def header_doc(header: TaskHeader) -> dict[str, Any]:
         doc.pop("plan_digest", None)
     doc["counters"] = {encode_key(k): v for k, v in header.counters.items()}
     doc["limits"] = {encode_key(k): v for k, v in header.limits.items()}
-    doc["error"] = None if header.error is None else header.error.model_dump_json()
+    doc["error"] = None if header.error is None else inline_error(header.error).model_dump_json()
     return doc
 
 

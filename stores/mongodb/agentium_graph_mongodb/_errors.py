@@ -28,6 +28,7 @@ from pymongo.errors import (
     BulkWriteError,
     ClientBulkWriteException,
     ConnectionFailure,
+    DocumentTooLarge,
     InvalidOperation,
     OperationFailure,
     PyMongoError,
@@ -57,7 +58,13 @@ TRANSIENT_CODES = frozenset({
     13436,  # NotPrimaryOrSecondary
 })
 AUTH_CODES = frozenset({18, 13, 11})  # AuthenticationFailed, Unauthorized, UserNotFound
-TOO_LARGE_CODES = frozenset({10334, 17419, 17420})  # BSONObjectTooLarge, doc too large
+# BSONObjectTooLarge; "resulting document after update is larger than ..." (17419, 17420).
+TOO_LARGE_CODES = frozenset({10334, 17419, 17420})
+DOCUMENT_LIMIT_MIB = 16  # MongoDB's maximum BSON document size
+#: Every message built from a driver exception stays within this many characters: a
+#: driver's text can quote a whole rejected document (tens of megabytes).
+MESSAGE_CAP = 2000
+_DRIVER_TEXT_CAP = 600  # how much of the driver's own text a message quotes
 DUPLICATE_KEY = 11000
 _TRANSIENT_LABELS = ("RetryableWriteError", "TransientTransactionError")
 
@@ -66,6 +73,14 @@ class TransientStoreError(StoreUnavailableError):
     """A failure that may pass on its own; retried (bounded, jittered) by the store."""
 
     code = "store_transient"
+
+
+def bounded(text: str, limit: int = _DRIVER_TEXT_CAP) -> str:
+    """``text`` cut to at most ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    keep = max(0, limit - 40)  # room for the marker
+    return f"{text[:keep]}... [{len(text) - keep} more characters]"
 
 
 def _code(exc: PyMongoError) -> int | None:
@@ -115,16 +130,46 @@ def is_transient(exc: PyMongoError) -> bool:
     return False
 
 
+def _write_codes(exc: PyMongoError | BSONError | OverflowError) -> set[int]:
+    """The per-write error codes of a bulk write (empty for any other error)."""
+    if isinstance(exc, ClientBulkWriteException):
+        return _client_bulk_codes(exc)[0]
+    if isinstance(exc, BulkWriteError):
+        return _bulk_codes(exc)[0]
+    return set()
+
+
+def is_too_large(exc: PyMongoError | BSONError | OverflowError) -> bool:
+    """A document over the BSON size limit, refused by the driver or by the server."""
+    exc = _cause(exc)
+    if isinstance(exc, DocumentTooLarge):
+        return True
+    code = _code(exc) if isinstance(exc, PyMongoError) else None
+    return code in TOO_LARGE_CODES or bool(_write_codes(exc) & TOO_LARGE_CODES)
+
+
 def map_mongo_error(exc: PyMongoError | BSONError | OverflowError, op: str,
                     where: str) -> StoreError:
-    """The typed store error for a driver failure of ``op`` against ``where``."""
+    """The typed store error for a driver failure of ``op`` against ``where``; its message
+    stays within :data:`MESSAGE_CAP` characters whatever the driver's text."""
+    error = _map(exc, op, where)
+    if len(error.args[0]) > MESSAGE_CAP:  # only a very long ``where`` or ``op`` gets here
+        error.args = (bounded(error.args[0], MESSAGE_CAP),)
+    return error
+
+
+def _map(exc: PyMongoError | BSONError | OverflowError, op: str, where: str) -> StoreError:
+    too_large = is_too_large(exc)
     exc = _cause(exc)
     name = type(exc).__name__
     code = _code(exc) if isinstance(exc, PyMongoError) else None
     details: dict[str, Any] = {"op": op, "where": where, "driver_error": name}
     if code is not None:
         details["server_code"] = code
-    head = f"MongoDB store ({where}): {op} failed ({name}{f' {code}' if code else ''}: {exc})"
+    if isinstance(exc, BulkWriteError | ClientBulkWriteException):
+        details["write_codes"] = sorted(_write_codes(exc))[:10]
+    text = bounded(str(exc))
+    head = f"MongoDB store ({where}): {op} failed ({name}{f' {code}' if code else ''}: {text})"
     if isinstance(exc, PyMongoError) and is_transient(exc):
         hint = ("no server was reachable in time" if isinstance(
             exc, ServerSelectionTimeoutError) else "a transient server or network failure")
@@ -137,11 +182,17 @@ def map_mongo_error(exc: PyMongoError | BSONError | OverflowError, op: str,
             f"{head}: authentication or authorization failed; check the user name, password "
             "and authSource in the URI, and that the user may read and write this database",
             details=details)
-    if isinstance(exc, InvalidDocument) or code in TOO_LARGE_CODES:
+    if too_large:
         return StoreError(
-            f"{head}: a record is too large for one MongoDB document (16 MiB); keep task "
-            "outputs and plans smaller, or store large payloads elsewhere and pass references",
-            details=details)
+            f"{head}: a record is too large for one MongoDB document: it is over MongoDB's "
+            f"{DOCUMENT_LIMIT_MIB} MiB document limit, so nothing was written. Keep task "
+            "inputs, outputs, plans and error texts smaller (store large payloads elsewhere "
+            "and pass references), or use a store without this limit",
+            details={**details, "reason": "document_too_large",
+                     "limit_bytes": DOCUMENT_LIMIT_MIB * 1024 * 1024})
+    if isinstance(exc, InvalidDocument):
+        return StoreError(
+            f"{head}: a record cannot be encoded as a MongoDB (BSON) document", details=details)
     if isinstance(exc, OverflowError):  # bson refuses integers beyond 64 bits
         return StoreError(
             f"{head}: a number does not fit MongoDB's 64-bit integers; keep limits, budgets "
@@ -174,9 +225,10 @@ def retries_exhausted(last: TransientStoreError, op: str, where: str, attempts: 
     """The error raised when a transient failure outlived every bounded retry."""
     return StoreUnavailableError(
         f"MongoDB store ({where}): {op} kept failing through {attempts} attempt(s) over "
-        f"{elapsed_s:.1f}s: {last}. Check that the server is running and reachable from this "
-        "host (URI, network, firewall, replica set health), then run the task again: it "
-        "stays recoverable. To wait longer, raise retries / server_selection_timeout_s",
+        f"{elapsed_s:.1f}s: {bounded(str(last), MESSAGE_CAP // 2)}. Check that the server "
+        "is running and reachable from this host (URI, network, firewall, replica set "
+        "health), then run the task again: it stays recoverable. To wait longer, raise "
+        "retries / server_selection_timeout_s",
         details={**last.details, "attempts": attempts, "elapsed_s": round(elapsed_s, 3)})
 
 

@@ -90,6 +90,7 @@ from agentium_graph_mongodb._codec import (
     header_from_doc,
     journal_doc,
     schema_errors,
+    stored_node,
 )
 from agentium_graph_mongodb._doc import WRITES_KEPT, DocCache, TaskDoc
 from agentium_graph_mongodb._errors import DUPLICATE_KEY
@@ -258,7 +259,8 @@ class Session:
         await self._insert_blobs("create_task", request.blobs)
         token = _token()
         doc = TaskDoc(key=key, header=header_doc(request.header),
-                      nodes={encode_key(n.node_id): n.model_dump_json() for n in request.nodes},
+                      nodes={encode_key(n.node_id): stored_node(n).model_dump_json()
+                             for n in request.nodes},
                       admissions={encode_key(request.admission_id): charges_text({})},
                       writes=[token])
         raw = {"_id": key, "v": SCHEMA_VERSION, "header": doc.header,
@@ -631,7 +633,7 @@ def _record_sets(delta: Delta) -> dict[str, Any]:
     """The ``$set`` fields of every node, action and admission a delta changed."""
     sets: dict[str, Any] = {}
     for node in delta.nodes.values():
-        sets[f"nodes.{encode_key(node.node_id)}"] = node.model_dump_json()
+        sets[f"nodes.{encode_key(node.node_id)}"] = stored_node(node).model_dump_json()
     for action in delta.actions.values():
         sets[f"actions.{encode_key(action.action_id)}"] = action.model_dump_json()
     for admission, amounts in delta.charges.items():
@@ -656,7 +658,8 @@ def _grant(post: TaskHeader, expires_at: datetime, doc: TaskDoc | None = None,
                                                 for t in doc.actions.values())}
         if delta is not None:
             for n in delta.nodes.values():
-                nodes[n.node_id] = NodeRecord.model_validate_json(n.model_dump_json())
+                nodes[n.node_id] = NodeRecord.model_validate_json(
+                    stored_node(n).model_dump_json())
             for a in delta.actions.values():
                 actions[a.action_id] = ActionRecord.model_validate_json(a.model_dump_json())
         snapshot = TaskSnapshot(header=post, nodes=nodes, actions=actions)

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
+import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, fields
+import weakref
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, fields
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
+from bson.codec_options import CodecOptions
 from pymongo import AsyncMongoClient, ReadPreference, ReturnDocument, WriteConcern
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import ConfigurationError as PyMongoConfigurationError
-from pymongo.errors import DuplicateKeyError
+from pymongo.errors import DuplicateKeyError, PyMongoError
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -54,6 +59,7 @@ from agentium_graph_mongodb._codec import (
 from agentium_graph_mongodb._doc import DocCache
 from agentium_graph_mongodb._errors import (
     TransientStoreError,
+    bounded,
     closed_error,
     mapped_errors,
     retries_exhausted,
@@ -63,6 +69,17 @@ from agentium_graph_mongodb._ops import Counters, Session
 T = TypeVar("T")
 DEFAULT_WRITE_CONCERN = WriteConcern(w="majority", j=True)
 CLIENT_BULK_WIRE_VERSION = 25  # MongoDB 8.0: the bulkWrite command across collections
+#: The largest blob (an output, plan, input or error text, as UTF-8 bytes) the store
+#: promises to persist. A blob document is ``{_id: "sha256:<64 hex>", v: 1, body: <text>}``:
+#: about 110 bytes of BSON around the text, far below the 64 KiB kept in reserve here
+#: under MongoDB's 16 MiB (16,777,216 bytes) document limit.
+MAX_BLOB_BYTES = 16 * 1024 * 1024 - 64 * 1024
+_MAX_SECONDS = 1_000_000.0  # timeouts beyond ~11 days are mistakes, and overflow the driver
+_DB_NAME_FORBIDDEN = '/\\. "$*<>:|?\x00'
+_DB_NAME_MAX_BYTES = 63
+#: Decoding options the store reads with, whatever the client's own (a client created
+#: with document_class=RawBSONDocument or tz_aware=True works the same).
+_CODEC_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(document_class=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,47 +146,61 @@ class MongoDBDurableTaskStore:
                  socket_timeout_s: float = 20.0, retries: int = 3,
                  retry_max_wait_s: float = 1.0, cas_attempts: int = 20,
                  cache_size: int = 256) -> None:
-        if not isinstance(database, str) or not database or any(
-                c in database for c in '/\\. "$\x00'):
-            raise ConfigurationError(
-                f"invalid MongoDB database name {database!r}; use letters, digits, '_' or '-'")
+        _check_database_name(database)
         if not isinstance(write_concern, WriteConcern) or not write_concern.acknowledged:
             raise ConfigurationError(
                 "write_concern must be an acknowledged pymongo WriteConcern, for example "
-                "WriteConcern(w='majority', j=True) (the default)")
-        for name, value in (("server_selection_timeout_s", server_selection_timeout_s),
-                            ("connect_timeout_s", connect_timeout_s),
-                            ("socket_timeout_s", socket_timeout_s),
-                            ("retry_max_wait_s", retry_max_wait_s)):
-            if not value > 0:
-                raise ConfigurationError(f"{name} must be positive, got {value!r}")
-        if retries < 0 or cas_attempts < 1 or cache_size < 0:
-            raise ConfigurationError("retries and cache_size must be >= 0 and cas_attempts >= 1")
+                "WriteConcern(w='majority', j=True) (the default)",
+                details={"argument": "write_concern"})
+        timeouts = {name: _seconds(name, value) for name, value in (
+            ("server_selection_timeout_s", server_selection_timeout_s),
+            ("connect_timeout_s", connect_timeout_s),
+            ("socket_timeout_s", socket_timeout_s),
+            ("retry_max_wait_s", retry_max_wait_s))}
         self._database_name = database
         self._write_concern = write_concern
-        self._retries = retries
-        self._retry_max_wait_s = retry_max_wait_s
-        self._cas_attempts = cas_attempts
+        self._retries = _count("retries", retries, 0)
+        self._cas_attempts = _count("cas_attempts", cas_attempts, 1)
+        self._cache_size = _count("cache_size", cache_size, 0)
+        self._retry_max_wait_s = timeouts["retry_max_wait_s"]
+        self._client_options = (timeouts["server_selection_timeout_s"],
+                                timeouts["connect_timeout_s"], timeouts["socket_timeout_s"])
+        # A client works only on the event loop that first used it. From a URI the store
+        # keeps one client per event loop (the runtime's *_sync wrappers start a new loop
+        # per call; threads run loops of their own); a given client serves one loop.
+        self._uri: str | None = None
+        self._spare: AsyncMongoClient[dict[str, Any]] | None = None  # not bound to a loop yet
+        self._given: AsyncMongoClient[dict[str, Any]] | None = None
+        self._given_loop: asyncio.AbstractEventLoop | None = None
         if isinstance(uri_or_client, str):
-            self._client = _client_from_uri(uri_or_client, server_selection_timeout_s,
-                                            connect_timeout_s, socket_timeout_s)
+            # Built now so a bad URI fails here; AsyncMongoClient does no I/O until used.
+            self._spare = _client_from_uri(uri_or_client, *self._client_options)
+            self._uri = uri_or_client
             self._owns_client = True
             self._where = f"{_redact(uri_or_client)} database {database!r}"
         elif isinstance(uri_or_client, AsyncMongoClient):
-            self._client = uri_or_client
+            document_class = uri_or_client.codec_options.document_class
+            if not (isinstance(document_class, type) and issubclass(document_class, dict)):
+                raise ConfigurationError(
+                    "MongoDBDurableTaskStore needs an AsyncMongoClient whose document_class is "
+                    f"dict (the default), got document_class={document_class.__name__}; "
+                    "create the client without document_class, or pass a mongodb:// URI",
+                    details={"argument": "uri_or_client"})
+            self._given = uri_or_client
             self._owns_client = False
             self._where = f"database {database!r}"
         else:
             raise ConfigurationError(
                 "MongoDBDurableTaskStore needs a mongodb:// URI or a pymongo AsyncMongoClient, "
                 f"got {type(uri_or_client).__name__} (motor clients are not supported: motor "
-                "is deprecated; use pymongo's AsyncMongoClient)")
+                "is deprecated; use pymongo's AsyncMongoClient)",
+                details={"argument": "uri_or_client"})
         self._capabilities = StoreCapabilities(durable=True, multi_process=True,
-                                               name="mongodb")
+                                               name="mongodb", max_blob_bytes=MAX_BLOB_BYTES)
         self._counters = Counters()
-        self._cache = DocCache(cache_size)
-        self._session: Session | None = None
-        self._ready_lock = asyncio.Lock()
+        self._loops: dict[asyncio.AbstractEventLoop, _LoopState] = {}
+        self._loops_lock = threading.Lock()
+        self._client_bulk: bool | None = None  # set once the database is prepared
         self._closed = False
 
     # --- properties ----------------------------------------------------------------------
@@ -232,21 +263,74 @@ class MongoDBDurableTaskStore:
                                     time.monotonic() - started) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
 
-    async def _ready(self) -> Session:
-        """The session, after creating indexes and checking the schema (once per store)."""
-        if self._session is not None:
+    def _state(self) -> _LoopState:
+        """What the store keeps for the running event loop (created on its first use)."""
+        loop = asyncio.get_running_loop()
+        with self._loops_lock:
+            state = self._loops.get(loop)
+            if state is not None:
+                return state
             if self._closed:
                 raise closed_error(self._where)
-            return self._session
-        async with self._ready_lock:
-            if self._session is None:
-                db: AsyncDatabase[dict[str, Any]] = self._client.get_database(
-                    self._database_name, write_concern=self._write_concern,
-                    read_preference=ReadPreference.PRIMARY)
-                client_bulk = await self._prepare(db)
-                self._session = Session(db, self._io, self._counters, self._cache,
-                                        self._cas_attempts, client_bulk)
-            return self._session
+            for other in [other for other in self._loops if other.is_closed()]:
+                self._loops.pop(other).discard()  # a loop that ended without shutting down
+            if self._given is not None:
+                bound = self._given_loop or getattr(self._given, "_loop", None)
+                if bound is not None and bound is not loop:
+                    raise ConfigurationError(
+                        f"MongoDB store ({self._where}) was given an AsyncMongoClient, which "
+                        "works only on the event loop that first used it, and is now used "
+                        "from another event loop (the runtime's *_sync wrappers start one per "
+                        "call; each thread runs its own). Pass a mongodb:// URI instead (the "
+                        "store then keeps one client per event loop), or use the store from "
+                        "one event loop", details={"where": self._where})
+                self._given_loop = loop
+                client, owned = self._given, False
+            else:
+                spare, self._spare = self._spare, None
+                if spare is None:
+                    assert self._uri is not None
+                    spare = _client_from_uri(self._uri, *self._client_options)
+                client, owned = spare, True
+            state = _LoopState(loop, client, owned, DocCache(self._cache_size))
+            self._loops[loop] = state
+            return state
+
+    @property
+    def _cache(self) -> DocCache:
+        """The running event loop's cache of task documents."""
+        return self._state().cache
+
+    async def _ready(self) -> Session:
+        """The running loop's session, after creating the indexes and checking the schema
+        (once per store, whichever loop comes first)."""
+        state = self._state()
+        if state.session is not None:
+            if self._closed:
+                raise closed_error(self._where)
+            return state.session
+        async with state.lock:
+            if self._closed:
+                raise closed_error(self._where)
+            if state.session is None:
+                if state.owned and state.guard is None:
+                    # Closes this loop's client when the loop shuts down (asyncio.run
+                    # closes open async generators before it closes the loop).
+                    state.guard = _close_with_loop(weakref.ref(self), state)
+                    await anext(state.guard)
+                db: AsyncDatabase[dict[str, Any]] = state.client.get_database(
+                    self._database_name, codec_options=_CODEC_OPTIONS,
+                    write_concern=self._write_concern, read_preference=ReadPreference.PRIMARY)
+                if self._client_bulk is None:
+                    self._client_bulk = await self._prepare(db)
+                state.session = Session(db, self._io, self._counters, state.cache,
+                                        self._cas_attempts, self._client_bulk)
+            return state.session
+
+    def _forget(self, state: _LoopState) -> None:
+        with self._loops_lock:
+            if self._loops.get(state.loop) is state:
+                del self._loops[state.loop]
 
     async def _prepare(self, db: AsyncDatabase[dict[str, Any]]) -> bool:
         """Stamp/check the schema, create the indexes; whether client bulkWrite works."""
@@ -254,13 +338,18 @@ class MongoDBDurableTaskStore:
 
         async def stamp() -> dict[str, Any] | None:
             try:
-                return await meta.find_one_and_update(
+                found = await meta.find_one_and_update(
                     {"_id": META_ID},
                     {"$setOnInsert": {"v": SCHEMA_VERSION,
                                       "application": "agentium-graph-mongodb"}},
                     upsert=True, return_document=ReturnDocument.AFTER)
             except DuplicateKeyError:  # two stores stamping a new database at once
-                return await meta.find_one({"_id": META_ID})
+                found = None
+            if found is None:
+                # Racing upserts: the loser may get a duplicate key, or (on some servers)
+                # no post-image at all. The winner's document is there: read it.
+                found = await meta.find_one({"_id": META_ID})
+            return found
         found = await self._io("open (check schema)", stamp, write=True)
         check_version(found or {}, f"the meta document of {self._where}")
         await self._io("open (create indexes)", lambda: db[TASKS].create_index(
@@ -310,14 +399,31 @@ class MongoDBDurableTaskStore:
         return await (await self._ready()).read_timeline(request)
 
     async def close(self) -> None:
-        """Release the connections (only of a client the store created); idempotent."""
-        if self._closed:
-            return
+        """Release the connections (only of clients the store created); idempotent.
+
+        The client of the running event loop is closed now; a client of another loop that
+        is running (in another thread) is closed there, without waiting; a client of a
+        loop that is idle is closed when that loop shuts down (``asyncio.run`` ends) or by
+        ``close()`` called on it. Closing never raises for another loop's client."""
         self._closed = True
-        self._cache.clear()
-        if self._owns_client:
-            with mapped_errors("close", self._where):
-                await self._client.close()
+        loop = asyncio.get_running_loop()
+        with self._loops_lock:
+            states = list(self._loops.values())
+            spare, self._spare = self._spare, None
+        if spare is not None:  # never used by any loop: nothing is open
+            with contextlib.suppress(PyMongoError, RuntimeError):
+                await spare.close()
+        for state in states:
+            if state.loop is loop:
+                self._forget(state)
+                await state.close_here()
+            elif state.loop.is_closed():
+                self._forget(state)
+                state.discard()
+            elif state.loop.is_running():
+                self._forget(state)
+                with contextlib.suppress(RuntimeError):  # it stopped meanwhile
+                    asyncio.run_coroutine_threadsafe(state.close_here(), state.loop)
 
     async def __aenter__(self) -> MongoDBDurableTaskStore:
         return self
@@ -336,25 +442,140 @@ def _redeliver_cancel(task: asyncio.Task[Any] | None, cancels: int) -> None:
         raise asyncio.CancelledError
 
 
+class _Discard(Exception):
+    """Thrown into a loop guard whose loop is gone: end it without closing anything."""
+
+
+@dataclass(eq=False, slots=True)
+class _LoopState:
+    """What the store keeps per event loop: the client, session and cache used there."""
+
+    loop: asyncio.AbstractEventLoop
+    client: AsyncMongoClient[dict[str, Any]]
+    owned: bool
+    cache: DocCache
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    session: Session | None = None
+    guard: AsyncGenerator[None, None] | None = None
+    closed: bool = False
+
+    async def shutdown(self) -> None:
+        """Close an owned client; on this state's loop only. Never raises."""
+        if self.closed:
+            return
+        self.closed = True
+        self.cache.clear()
+        if self.owned:
+            with contextlib.suppress(PyMongoError, OSError, RuntimeError):
+                await self.client.close()
+
+    async def close_here(self) -> None:
+        """Close from this state's own loop (ending its guard too)."""
+        if self.guard is not None:
+            with contextlib.suppress(RuntimeError):  # the guard is closing already
+                await self.guard.aclose()
+        await self.shutdown()
+
+    def discard(self) -> None:
+        """Forget a state whose loop was closed without shutting down its async
+        generators: nothing can run there any more (its connections go with the loop)."""
+        self.closed = True
+        self.cache.clear()
+        guard, self.guard = self.guard, None
+        if guard is not None:
+            # End the guard now, synchronously, so it is never finalized on a dead loop.
+            with contextlib.suppress(StopAsyncIteration, StopIteration, RuntimeError):
+                guard.athrow(_Discard()).send(None)
+
+
+async def _close_with_loop(store: weakref.ref[MongoDBDurableTaskStore],
+                           state: _LoopState) -> AsyncGenerator[None, None]:
+    """An async generator started on the state's loop: the loop's shutdown (asyncio.run's
+    ``shutdown_asyncgens``) closes it, which closes the loop's client before the loop
+    closes."""
+    discard = False
+    try:
+        yield
+    except _Discard:
+        discard = True
+    finally:
+        if not discard:  # closed by the loop's shutdown, or by close() on this loop
+            owner = store()
+            if owner is not None:
+                owner._forget(state)
+            await state.shutdown()
+
+
+def _seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            math.isfinite(value) and 0 < value <= _MAX_SECONDS):
+        raise ConfigurationError(
+            f"{name} must be a positive number of seconds (at most {_MAX_SECONDS:g}), got "
+            f"{bounded(repr(value), 100)}", details={"argument": name})
+    return float(value)
+
+
+def _count(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigurationError(
+            f"{name} must be an integer >= {minimum}, got {bounded(repr(value), 100)}",
+            details={"argument": name})
+    return value
+
+
+def _check_database_name(name: object) -> None:
+    """MongoDB's rules for database names, checked before any I/O."""
+    problem = None
+    if not isinstance(name, str):
+        problem = f"must be a string, got {type(name).__name__}"
+    elif not name:
+        problem = "is empty"
+    elif bad := sorted({c for c in name if c in _DB_NAME_FORBIDDEN}):
+        problem = f"contains {', '.join(repr(c) for c in bad)}"
+    else:
+        try:
+            size = len(name.encode("utf-8"))
+        except UnicodeEncodeError:
+            problem = "is not valid Unicode text"
+        else:
+            if size > _DB_NAME_MAX_BYTES:
+                problem = f"is {size} bytes long (MongoDB allows {_DB_NAME_MAX_BYTES})"
+    if problem is not None:
+        raise ConfigurationError(
+            f"invalid MongoDB database name {bounded(repr(name), 100)} (database=...): it "
+            f"{problem}; use at most {_DB_NAME_MAX_BYTES} bytes of letters, digits, '_' or "
+            "'-'", details={"argument": "database"})
+
+
 def _client_from_uri(uri: str, server_selection_timeout_s: float, connect_timeout_s: float,
                      socket_timeout_s: float) -> AsyncMongoClient[dict[str, Any]]:
-    given = {name.lower() for name, _ in parse_qsl(urlsplit(uri).query)}
-    options: dict[str, Any] = {}
-    for name, seconds in (("serverSelectionTimeoutMS", server_selection_timeout_s),
-                          ("connectTimeoutMS", connect_timeout_s),
-                          ("socketTimeoutMS", socket_timeout_s)):
-        if name.lower() not in given:
-            options[name] = max(1, int(seconds * 1000))
-    if "appname" not in given:
-        options["appname"] = "agentium-graph-mongodb"
     try:
+        given = {name.lower() for name, _ in parse_qsl(urlsplit(uri).query)}
+        options: dict[str, Any] = {}
+        for name, seconds in (("serverSelectionTimeoutMS", server_selection_timeout_s),
+                              ("connectTimeoutMS", connect_timeout_s),
+                              ("socketTimeoutMS", socket_timeout_s)):
+            if name.lower() not in given:
+                options[name] = max(1, int(seconds * 1000))
+        if "appname" not in given:
+            options["appname"] = "agentium-graph-mongodb"
         # AsyncMongoClient does no I/O here: it connects (and resolves SRV) on first use.
         return AsyncMongoClient(uri, **options)
     except (PyMongoConfigurationError, ValueError, TypeError) as exc:
+        reason = bounded(_without_password(uri, str(exc)), 300)
         raise ConfigurationError(
-            f"invalid MongoDB URI {_redact(uri)!r}: {exc}; expected "
+            f"invalid MongoDB URI {_redact(uri)!r}: {reason}; expected "
             "mongodb://[user:password@]host[:port][/?options] or mongodb+srv://host/",
-            details={"uri": _redact(uri)}) from None
+            details={"uri": _redact(uri), "argument": "uri_or_client"}) from None
+
+
+def _without_password(uri: str, text: str) -> str:
+    """``text`` (a driver message that may quote the URI) with the URI's password masked."""
+    userinfo = uri.partition("://")[2].partition("/")[0].rpartition("@")[0]
+    secret = userinfo.partition(":")[2]
+    for form in {secret, unquote(secret)} - {""}:
+        text = text.replace(form, "***")
+    return text
 
 
 def _redact(uri: str) -> str:
@@ -366,7 +587,8 @@ def _redact(uri: str) -> str:
     netloc = parts.netloc
     if "@" in netloc:
         user, _, hosts = netloc.rpartition("@")
-        netloc = f"{user.partition(':')[0]}:***@{hosts}"
+        name, colon, _ = user.partition(":")
+        netloc = f"{name}:***@{hosts}" if colon else f"{name}@{hosts}"
     return f"{parts.scheme}://{netloc}{parts.path}"
 
 
