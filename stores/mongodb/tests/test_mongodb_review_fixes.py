@@ -14,11 +14,13 @@ import pytest
 from bson.raw_bson import RawBSONDocument
 from mongodb_helpers import acquire_request, commit_request, create_request
 from pymongo import AsyncMongoClient
+from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import (
     BulkWriteError,
     ClientBulkWriteException,
     DocumentTooLarge,
     OperationFailure,
+    ServerSelectionTimeoutError,
 )
 
 from agentium_graph import ExecutionGraphProgram, ExecutionGraphRuntime, HostCatalog, ToolBinding
@@ -349,10 +351,14 @@ def test_redaction_shows_a_password_only_when_there_is_one(uri: str, shown: str)
 
 # --- 6. failing fast -----------------------------------------------------------------------------
 
-async def test_retries_zero_fails_after_one_attempt() -> None:
-    store = MongoDBDurableTaskStore(f"mongodb://127.0.0.1:{free_port()}/?directConnection=true",
-                                    database="nowhere", server_selection_timeout_s=0.2,
-                                    retries=0)
+async def test_retries_zero_fails_after_one_attempt(
+        mongodb_uri: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a one-shot caller (the CLI) passes to report an unreachable server after one
+    server-selection timeout instead of retrying."""
+    async def unreachable(*args: Any, **kwargs: Any) -> Any:
+        raise ServerSelectionTimeoutError("no servers")
+    monkeypatch.setattr(AsyncCollection, "find_one_and_update", unreachable)
+    store = MongoDBDurableTaskStore(mongodb_uri, database="nowhere", retries=0)
     try:
         with pytest.raises(StoreUnavailableError) as info:
             await store.get_header("k")
