@@ -145,11 +145,12 @@ def open_store_uri(uri: str, *, database: str | None = None, must_exist: bool = 
 
     ``must_exist=True`` (the CLI) refuses a SQLite path whose file does not exist instead
     of letting the store create an empty database there, and opens it with
-    ``create=False`` so a file without agentium-graph tables is refused, not initialized.
-    ``read_only=True`` opens a SQLite file read-only (``SQLiteDurableTaskStore(...,
-    read_only=True)``: nothing is created, converted or migrated; for MongoDB it has no
-    effect). A store whose package is not installed raises StoreError saying which
-    package to install.
+    ``create=False`` so a file without agentium-graph tables is refused, not initialized;
+    a MongoDB store then makes one attempt per operation (``retries=0``), so an unreachable
+    server is reported after its server selection timeout. ``read_only=True`` opens a
+    SQLite file read-only (``SQLiteDurableTaskStore(..., read_only=True)``: nothing is
+    created, converted or migrated; for MongoDB it has no effect). A store whose package
+    is not installed raises StoreError saying which package to install.
     """
     parsed = parse_store_uri(uri, database=database)
     if parsed.scheme == "sqlite":
@@ -171,7 +172,10 @@ def open_store_uri(uri: str, *, database: str | None = None, must_exist: bool = 
         return store
     cls = _store_class("agentium_graph_mongodb", "MongoDBDurableTaskStore",
                        "agentium-graph-mongodb")
-    store = cls(parsed.uri, database=parsed.database)
+    # A command fails fast (must_exist: the CLI): one attempt within the store's 5 s server
+    # selection, not the retries a long-running worker wants; the user can run it again.
+    retries: dict[str, int] = {"retries": 0} if must_exist else {}
+    store = cls(parsed.uri, database=parsed.database, **retries)
     return store
 
 

@@ -270,3 +270,15 @@ def test_an_empty_user_name_is_not_shown_as_a_password() -> None:
     assert "***" not in str(info.value) and "user name" in str(info.value)
     assert redact("mongodb://u:p@h/") == "mongodb://u:***@h/"
     assert redact("mongodb://:p@h/") == "mongodb://:***@h/"
+
+
+def test_the_cli_opens_mongodb_to_fail_fast_but_workers_keep_their_retries() -> None:
+    pytest.importorskip("pymongo")
+    from agentium_graph._store_uri import open_store_uri
+
+    cli_store = open_store_uri("mongodb://127.0.0.1:1/x", must_exist=True)
+    worker_store = open_store_uri("mongodb://127.0.0.1:1/x")
+    # One attempt for a command (an unreachable server is reported after one server
+    # selection, about 5 s, not after three retries, about 21 s); the default for a worker.
+    assert cli_store._retries == 0  # type: ignore[attr-defined]
+    assert worker_store._retries == 3  # type: ignore[attr-defined]
