@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -132,3 +133,17 @@ def calls() -> Calls:
 @pytest.fixture
 def store() -> CountingStore:
     return CountingStore()
+
+
+class ManualClock:
+    """A runtime clock the test moves by hand: lease expiry and deadlines are decided by
+    the test, never by how fast the machine is."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self.now = start or datetime(2026, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)

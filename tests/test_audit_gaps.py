@@ -37,6 +37,7 @@ from agentium_graph import (
     Unknown,
 )
 from agentium_graph.store import CommitRequest, CommitResult, RecordAction
+from tests.conftest import ManualClock
 
 OBJ = {"type": "object"}
 PAY_OUT = {"type": "object", "required": ["charge_id"]}
@@ -292,19 +293,11 @@ async def test_a_recovery_stop_while_a_redispatch_waits_for_its_permit_leaves_it
 
 # --- 2. a stop rejects queued admission requests ------------------------------------------
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = datetime(2030, 1, 1, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
 @pytest.mark.parametrize("stop", ["cancel", "deadline"])
 async def test_a_stop_rejects_a_node_queued_for_its_permit(stop: str) -> None:
     """One root permit: a runs, z waits for the permit. A cancel (or the deadline) rejects
     z's request with the stop's reason; z never starts and the run ends at once."""
-    clock = FakeClock()
+    clock = ManualClock(datetime(2030, 1, 1, tzinfo=UTC))
     events: list[AdmissionEvent] = []
     z_queued = asyncio.Event()
     a_running = asyncio.Event()
@@ -355,7 +348,7 @@ async def test_a_stop_rejects_an_effects_permit_reacquire_after_a_lookup_proved_
     it). A cancel or the deadline rejects that queued re-acquire at once (it is in no ready
     list, only the admission queue knows it): the action is rejected, never dispatched
     again, and the permit is never granted to it."""
-    clock = FakeClock()
+    clock = ManualClock(datetime(2030, 1, 1, tzinfo=UTC))
     store = CrashOnReceipt()
     seen = Requeued()
 

@@ -5,7 +5,7 @@ by the test, never by the machine's speed."""
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -20,18 +20,7 @@ from agentium_graph import (
     ToolBinding,
 )
 from agentium_graph.store import LeaseStatus, RenewLeaseRequest
-from tests.conftest import wait_until
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = datetime(2026, 1, 1, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
+from tests.conftest import ManualClock, wait_until
 
 
 class Renewals(InMemoryDurableTaskStore):
@@ -51,7 +40,7 @@ class Renewals(InMemoryDurableTaskStore):
         return status
 
 
-def _setup(store: Renewals, clock: Clock) -> tuple[ExecutionGraphRuntime, asyncio.Event,
+def _setup(store: Renewals, clock: ManualClock) -> tuple[ExecutionGraphRuntime, asyncio.Event,
                                                    asyncio.Event]:
     started, release = asyncio.Event(), asyncio.Event()
 
@@ -71,14 +60,14 @@ PROGRAM = ExecutionGraphProgram(id="p", version="1", plan={
     "nodes": [{"id": "a", "binding": "slow", "version": "1", "args": {}}]})
 
 
-async def _renewed_at(store: Renewals, clock: Clock) -> None:
+async def _renewed_at(store: Renewals, clock: ManualClock) -> None:
     """Wait for a renewal made at the clock's current time."""
     await wait_until(lambda: bool(store.renewed) and store.renewed[-1] == clock.now)
 
 
 @pytest.mark.parametrize("failures", [0, 3], ids=["renewals", "after-transient-failures"])
 async def test_a_running_task_keeps_its_lease_for_the_whole_ttl(failures: int) -> None:
-    clock, store = Clock(), Renewals(failures)
+    clock, store = ManualClock(), Renewals(failures)
     rt, started, release = _setup(store, clock)
     await rt.create("k", PROGRAM)
     run = asyncio.create_task(rt.run("k", worker_id="w1"))

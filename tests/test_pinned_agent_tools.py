@@ -5,7 +5,6 @@ new binding, and a pinned version that is gone stops the run before anything hap
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -22,18 +21,7 @@ from agentium_graph import (
 )
 from agentium_graph.providers import ScriptedProvider, ScriptedTurn, Usage
 from agentium_graph.store import CommitRequest, CommitResult, CommitRevision
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = datetime(2026, 1, 1, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
-
+from tests.conftest import ManualClock
 
 PLAN = {"schemaVersion": 1, "revision": 1, "nodes": [
     {"id": "ask", "binding": "ag", "version": "1", "args": {"prompt": "go"}}]}
@@ -88,7 +76,7 @@ class CrashAfterPlanning(InMemoryDurableTaskStore):
 
 async def test_a_pinned_agent_tool_that_is_gone_stops_a_planned_task_before_it_runs(
         ) -> None:
-    clock = Clock()
+    clock = ManualClock()
     store = CrashAfterPlanning()
     program = planned()
     rt = ExecutionGraphRuntime(catalog=HostCatalog([inc("1"), agent()]), store=store,
