@@ -18,6 +18,7 @@ from agentium_graph import (
     HostCatalog,
     PlannerConfig,
     PlannerFailedError,
+    StreamLimits,
     ToolBinding,
 )
 from agentium_graph.providers import ModelRequest, ModelResponse, StreamEnd, TextDelta, Usage
@@ -134,3 +135,24 @@ async def test_a_malformed_stream_event_fails_the_planner_with_a_typed_error(bad
         await rt.run("k")
     counters = (await rt.admission_snapshot("k")).counters
     assert counters["input_tokens"] >= 0 and counters["output_tokens"] >= 0
+
+
+class Slow:
+    id, version = "slow", "1"
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        await asyncio.sleep(30)
+        raise AssertionError("the runtime's limit ends the call first")
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Any]:
+        raise AssertionError("complete mode never streams")
+        yield
+
+
+async def test_a_planner_call_that_takes_too_long_names_the_setting_to_raise() -> None:
+    program = ExecutionGraphProgram(id="pp", version="1", planner=PlannerConfig(
+        provider=Slow(), host_instructions="plan", stream=StreamLimits(max_latency_ms=50)))
+    rt = ExecutionGraphRuntime(catalog=catalog([]), programs=[program])
+    await rt.create("k", program)
+    with pytest.raises(PlannerFailedError, match=r"within 0\.05 s.*max_latency_ms"):
+        await asyncio.wait_for(rt.run("k"), 10)
