@@ -19,7 +19,9 @@ from agentium_graph.store._records import ActionRecord
 @click.option("--absent", is_flag=True,
               help="Attest the effect never happened: the next run dispatches it again.")
 @click.option("--output", "output_json", metavar="JSON", default=None,
-              help="Attest the effect happened with this JSON output: the node completes.")
+              help="Attest the effect happened with this JSON output: an effect node completes "
+                   "with it; an agent's tool call gets it as its receipt and the agent resumes "
+                   "on the next run.")
 @click.option("--result-ref", default=None,
               help="The destination's reference for the outcome (default: the action id).")
 @click.option("--actor", required=True, help="Who attests the resolution (journaled).")

@@ -7,7 +7,8 @@ the :data:`cli` group and gets its store through :func:`run_with_store`, which o
 
 The CLI never runs a task: ``list``, ``inspect`` and ``timeline`` only read (a SQLite file is
 opened read-only: nothing is created or migrated), and ``cancel`` records a cancel request
-that the worker holding the task's lease observes. No command creates a database.
+that the worker holding the task's lease observes (a ``recovery_required`` task, which no
+worker can run, it cancels at once). No command creates a database.
 
 Exit codes (:data:`EXIT_CODES`): 0 ok; 1 any other error; 2 usage (a bad option, a bad
 ``--store`` URI or cursor); 3 no task under that key; 4 the store cannot be opened or is

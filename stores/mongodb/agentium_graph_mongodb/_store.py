@@ -113,9 +113,12 @@ class MongoDBDurableTaskStore:
     """A durable task store in one MongoDB database; safe for many processes and hosts.
 
     ``uri_or_client``: a ``mongodb://`` / ``mongodb+srv://`` URI (the store creates, owns
-    and closes the client) or a :class:`pymongo.AsyncMongoClient` (the caller owns and
-    closes it; its own timeouts apply). ``database``: the database holding the store's
-    collections (``tasks``, ``journal``, ``blobs``, ``meta``); give the store one of its own.
+    and closes its clients: one per event loop that uses it, so the runtime's ``*_sync``
+    wrappers and threads work) or a :class:`pymongo.AsyncMongoClient` (the caller owns and
+    closes it; its own timeouts apply; it is bound to one event loop, and using the store
+    from another raises :class:`~agentium_graph.ConfigurationError`). ``database``: the
+    database holding the store's collections (``tasks``, ``journal``, ``blobs``, ``meta``);
+    give the store one of its own.
 
     Works on a standalone ``mongod``, a replica set and a sharded cluster (the task key is
     the ``_id`` of its task document and a valid shard key) without multi-document
