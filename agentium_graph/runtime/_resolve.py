@@ -112,9 +112,7 @@ async def resolve_action(store: DurableTaskStore, key: str, action_id: str,
         committed = True
     finally:
         if not committed:
-            with contextlib.suppress(StaleFenceError, StoreError):
-                await store.release_lease(ReleaseLeaseRequest(key=key, worker_id=worker,
-                                                              fence=grant.fence, now=clock()))
+            await _release(store, key, worker, grant.fence, clock)
 
 
 async def _snapshot(store: DurableTaskStore, key: str) -> TaskSnapshot:
