@@ -650,8 +650,7 @@ class TaskRun:
                 if inspect.isawaitable(result):
                     result = await result
             except asyncio.CancelledError as exc:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
+                if effects.runtime_cancelled():
                     raise  # the runtime canceled this node (cancel, deadline)
                 error = _escaped_cancel(node.id)
                 error.__cause__ = exc
