@@ -30,14 +30,13 @@ from agentium_graph import (
     ExecutionGraphProgram,
     ExecutionGraphRuntime,
     HostCatalog,
-    InMemoryDurableTaskStore,
     RootLimits,
     TaskCanceledError,
     ToolBinding,
     Unknown,
 )
-from agentium_graph.store import CommitRequest, CommitResult, RecordAction
 from tests.conftest import ManualClock
+from tests.test_effects import Crash, CrashOnReceipt
 
 OBJ = {"type": "object"}
 PAY_OUT = {"type": "object", "required": ["charge_id"]}
@@ -94,22 +93,6 @@ class Garbled:
         return Unknown(reason="never asked")
 
 
-class _Crash(BaseException):
-    pass
-
-
-class CrashOnReceipt(InMemoryDurableTaskStore):
-    """A worker that dies after the destination accepted, before the receipt is committed."""
-
-    armed = True
-
-    async def commit(self, request: CommitRequest) -> CommitResult:
-        if self.armed and any(isinstance(s, RecordAction) and s.action.state == "confirmed"
-                              for s in request.steps):
-            self.armed = False
-            raise _Crash
-        return await super().commit(request)
-
 
 class Requeued:
     """``on_admission`` observer: keeps every event and sets :attr:`event` when node ``n``
@@ -164,7 +147,7 @@ async def crash_after_dispatch(store: CrashOnReceipt, bindings: list[ToolBinding
     rt = ExecutionGraphRuntime(catalog=HostCatalog([pay_binding(first), *bindings]),
                                store=store)
     await rt.create("k", plan, limits=RootLimits(max_concurrent_work=1), **create)
-    with pytest.raises(_Crash):
+    with pytest.raises(Crash):
         await rt.run("k")
     snapshot = await store.get_task("k")
     assert snapshot is not None
@@ -367,7 +350,7 @@ async def test_a_stop_rejects_an_effects_permit_reacquire_after_a_lookup_proved_
                                store=store, clock=clock)
     await rt.create("k", plan, limits=RootLimits(max_concurrent_work=1),
                     deadline=clock.now + timedelta(seconds=5))
-    with pytest.raises(_Crash):
+    with pytest.raises(Crash):
         await rt.run("k")
     [action_id] = first.dispatched
     conn = Pay()  # the destination knows nothing of the call: Absent()

@@ -33,8 +33,9 @@ from agentium_graph import (
     Unknown,
 )
 from agentium_graph.providers import ScriptedProvider, ScriptedTurn, ToolCall, TurnMatch
-from agentium_graph.store import CommitRequest, CommitResult, RecordAction
+from agentium_graph.store import CommitRequest, CommitResult
 from tests.conftest import wait_until
+from tests.test_effects import Crash, CrashOnReceipt
 
 OBJ = {"type": "object"}
 PAY_OUT = {"type": "object", "required": ["charge_id"]}
@@ -361,7 +362,7 @@ async def test_a_recovery_lookup_holds_no_permit_and_a_redispatch_queues_again()
     rt, _ = setup("plain", first, (side,), store=store,
                   limits=RootLimits(max_concurrent_work=1))
     await rt.create("k", plan)
-    with pytest.raises(_Crash):
+    with pytest.raises(Crash):
         await rt.run("k")
     assert not b_ran.is_set()
     # The destination lost the call: provably absent, so it is dispatched again.
@@ -379,22 +380,6 @@ async def test_a_recovery_lookup_holds_no_permit_and_a_redispatch_queues_again()
     assert view.actions[0].state == "confirmed" and view.actions[0].dispatches == 2
 
 
-class _Crash(BaseException):
-    pass
-
-
-class CrashOnReceipt(InMemoryDurableTaskStore):
-    """Simulates a worker dying after the destination accepted, before the receipt."""
-
-    armed = True
-
-    async def commit(self, request: CommitRequest) -> CommitResult:
-        if self.armed and any(isinstance(s, RecordAction) and s.action.state == "confirmed"
-                              for s in request.steps):
-            self.armed = False
-            raise _Crash
-        return await super().commit(request)
-
 
 async def test_a_cancel_during_a_recovery_lookup_that_proves_absence_rejects_the_action(
         ) -> None:
@@ -404,7 +389,7 @@ async def test_a_cancel_during_a_recovery_lookup_that_proves_absence_rejects_the
     first = Connector()
     rt, _ = setup("plain", first, store=store)
     await rt.create("k", program(effect_node("plain")))
-    with pytest.raises(_Crash):
+    with pytest.raises(Crash):
         await rt.run("k")
     looking = asyncio.Event()
     answer = asyncio.Event()

@@ -91,11 +91,11 @@ class CrashOnReceipt(CountingStore):
         if self.armed and any(isinstance(s, RecordAction) and s.action.state == "confirmed"
                               for s in request.steps):
             self.armed = False
-            raise _Crash
+            raise Crash
         return await super().commit(request)
 
 
-class _Crash(BaseException):
+class Crash(BaseException):
     pass
 
 
@@ -154,7 +154,7 @@ async def test_crash_between_dispatch_and_receipt_reconciles(
     store = CrashOnReceipt()
     conn = FakeConnector(dest, idempotent=idempotent, lookups=lookups)
     await runtime(conn, store).create("p", program(PLAN))
-    with pytest.raises(_Crash):
+    with pytest.raises(Crash):
         await runtime(conn, store).run("p")
     assert dest.accept_count == 1
     before = await store.get_task("p")
@@ -178,7 +178,7 @@ async def test_absent_after_crash_dispatches_again_under_the_same_action_id() ->
     store = CrashOnReceipt()
     conn = FakeConnector(dest)
     await runtime(conn, store).create("p", program(PLAN))
-    with pytest.raises(_Crash):
+    with pytest.raises(Crash):
         await runtime(conn, store).run("p")
     dest.accepted.clear()  # the destination lost (or never applied) it: provably absent
     fresh = FakeConnector(dest)
@@ -193,7 +193,7 @@ async def test_unknown_outcome_requires_recovery_and_operator_resolution() -> No
     store = CrashOnReceipt()
     conn = FakeConnector(dest)
     await runtime(conn, store).create("p", program(PLAN))
-    with pytest.raises(_Crash):
+    with pytest.raises(Crash):
         await runtime(conn, store).run("p")
     blind = FakeConnector(dest, lookups=["unknown", "raise", "hang"])
     rt = runtime(blind, store)
@@ -232,7 +232,7 @@ async def test_operator_attests_absence_then_run_dispatches_again() -> None:
     store = CrashOnReceipt()
     conn = FakeConnector(dest)
     await runtime(conn, store).create("p", program(PLAN))
-    with pytest.raises(_Crash):
+    with pytest.raises(Crash):
         await runtime(conn, store).run("p")
     dest.accepted.clear()
     rt = runtime(FakeConnector(dest, lookups=["unknown"] * 3), store)
@@ -254,7 +254,7 @@ async def test_resolution_output_must_match_the_pinned_schema() -> None:
     store = CrashOnReceipt()
     conn = FakeConnector(dest)
     await runtime(conn, store).create("p", program(PLAN))
-    with pytest.raises(_Crash):
+    with pytest.raises(Crash):
         await runtime(conn, store).run("p")
     rt = runtime(FakeConnector(dest, lookups=["unknown"] * 3), store)
     with pytest.raises(DurableRecoveryRequiredError):
@@ -361,7 +361,7 @@ class CrashBeforeRecoveryStatus(CountingStore):
         if self.armed and any(isinstance(s, SetStatus) and s.status == "recovery_required"
                               for s in request.steps):
             self.armed = False
-            raise _Crash
+            raise Crash
         return await super().commit(request)
 
 
@@ -394,7 +394,7 @@ async def test_uncertain_node_left_by_a_crash_still_requires_recovery() -> None:
         *PLAN["nodes"], {"id": "sibling", "binding": "slow", "version": "1"}]}
     rt = ExecutionGraphRuntime(catalog=pay_catalog(conn, extra), store=store)
     await rt.create("p", program(plan))
-    with pytest.raises(_Crash):
+    with pytest.raises(Crash):
         await rt.run("p")
     snap = await store.get_task("p")
     assert snap is not None and snap.nodes["charge"].state == "uncertain"
