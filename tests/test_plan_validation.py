@@ -690,6 +690,21 @@ def test_one_invalid_plan_reports_every_problem() -> None:
     ], key=str)
 
 
+def test_limit_problems_come_with_every_other_problem() -> None:
+    # Over every size limit at once, with two shape problems and bad args: each limit is
+    # one more diagnostic, never a reason to stop looking.
+    limits = PlanLimits(max_bytes=400, max_nodes=3, max_depth=3)
+    p = plan(*_chain(4), node("x", "lookup", args={"sku": 1}, unknown=1),
+             node("y", "lookup", args={"sku": "A"}, extra=True))
+    found = problems(p, limits=limits)
+    codes = sorted({code for code, _, _ in found})
+    assert codes == sorted({"too_large", "too_many_nodes", "too_deep", "plan_shape",
+                            "args_invalid"})
+    assert [(c, n) for c, _, n in found if c == "plan_shape"] == [("plan_shape", "x"),
+                                                                    ("plan_shape", "y")]
+    assert ("args_invalid", "$.nodes[4].args.sku", "x") in found
+
+
 def test_diagnostics_are_deterministic() -> None:
     p = plan(node("b", dependsOn=["a"]), node("a", dependsOn=["b"]), node("x", "nope"),
              node("y", "lookup", args={"sku": 1, "z": 2}))
@@ -716,42 +731,6 @@ def test_validation_does_not_mutate_the_plan() -> None:
     before = json.loads(json.dumps(p))
     ok(p)
     assert p == before
-
-
-# --- resolve_args ------------------------------------------------------------------
-
-def test_resolve_args_everywhere() -> None:
-    args = {"a": ref("p", "x", 1), "list": [ref("q"), {"k": ref("p", "x")}], "plain": [1, "s"]}
-    outputs = {"p": {"x": [10, {"deep": True}]}, "q": "whole"}
-    assert resolve_args(args, outputs) == {
-        "a": {"deep": True}, "list": ["whole", {"k": [10, {"deep": True}]}], "plain": [1, "s"]}
-
-
-def test_resolve_args_copies_values() -> None:
-    outputs = {"p": {"x": [1, 2]}}
-    resolved = resolve_args({"v": ref("p", "x")}, outputs)
-    resolved["v"].append(3)
-    assert outputs == {"p": {"x": [1, 2]}}
-
-
-@pytest.mark.parametrize(("path", "output"), [
-    (("missing",), {"x": 1}),
-    (("x", 5), {"x": [1]}),
-    (("x", 0), {"x": "string"}),      # no indexing into strings
-    (("x", "0"), {"x": [1]}),         # field names do not index arrays
-    ((0,), {"0": "v"}),               # indexes do not select object fields
-    (("x", "y"), {"x": None}),
-])
-def test_resolve_args_missing_path_names_the_ref(path: tuple[str | int, ...],
-                                                 output: Any) -> None:
-    with pytest.raises(LookupError) as info:
-        resolve_args({"v": ref("p", *path)}, {"p": output})
-    assert "$ref p" in str(info.value)
-
-
-def test_resolve_args_missing_producer_output() -> None:
-    with pytest.raises(LookupError, match="node 'p' has no output"):
-        resolve_args({"v": ref("p")}, {})
 
 
 # --- $literal: data that contains "$ref" keys ---------------------------------------
@@ -781,31 +760,3 @@ def test_literal_values_are_checked_against_the_input_schema_as_written() -> Non
     p = plan(node("w", "writer", args={"price": {"$literal": "12"}}))
     assert problems(p) == [("args_invalid", "$.nodes[0].args.price.$literal", "w")]
     assert ok(plan(node("w", "writer", args={"price": {"$literal": 12}}))).nodes["w"].literal
-
-
-def test_resolved_args_unwrap_literals_and_resolve_only_real_references() -> None:
-    from agentium_graph.plan._validate import resolve_args
-
-    args = {"schema": {"$literal": SCHEMA_WITH_REF},
-            "nested": {"$literal": {"$literal": "kept as written"}},
-            "v": ref("a", "x")}
-    resolved = resolve_args(args, {"a": {"x": 5}})
-    assert resolved == {"schema": SCHEMA_WITH_REF,
-                        "nested": {"$literal": "kept as written"}, "v": 5}
-    resolved["schema"]["$defs"]["n"]["type"] = "string"  # a copy: the plan is untouched
-    assert SCHEMA_WITH_REF["$defs"]["n"]["type"] == "integer"
-
-
-def test_limit_problems_come_with_every_other_problem() -> None:
-    # Over every size limit at once, with two shape problems and bad args: each limit is
-    # one more diagnostic, never a reason to stop looking.
-    limits = PlanLimits(max_bytes=400, max_nodes=3, max_depth=3)
-    p = plan(*_chain(4), node("x", "lookup", args={"sku": 1}, unknown=1),
-             node("y", "lookup", args={"sku": "A"}, extra=True))
-    found = problems(p, limits=limits)
-    codes = sorted({code for code, _, _ in found})
-    assert codes == sorted({"too_large", "too_many_nodes", "too_deep", "plan_shape",
-                            "args_invalid"})
-    assert [(c, n) for c, _, n in found if c == "plan_shape"] == [("plan_shape", "x"),
-                                                                    ("plan_shape", "y")]
-    assert ("args_invalid", "$.nodes[4].args.sku", "x") in found
