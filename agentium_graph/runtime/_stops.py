@@ -70,11 +70,8 @@ def settle_planning(run: TaskRun) -> None:
             return  # a stop canceled it
         # Only a stop cancels planning: this cancellation escaped the provider itself, and
         # the task has no (complete) plan, so it must not end as if planning had finished.
-        error = PlannerFailedError(
-            f"task {run.key!r}: the planner failed: its provider raised CancelledError "
-            "although the runtime did not cancel it; fix the provider (or its script) and "
-            "create the task again", details={"error": "CancelledError"})
-        begin_stop(run, Stop("failed", error, error.to_info()))
+        _planner_failed(run, "its provider raised CancelledError although the runtime did "
+                        "not cancel it", "CancelledError", None)
         return
     exc = task.exception()
     if exc is None:
@@ -95,11 +92,16 @@ def settle_planning(run: TaskRun) -> None:
         what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         if isinstance(exc, TimeoutError):
             what = "the call took longer than the planner's max_latency_ms"
-        error = PlannerFailedError(
-            f"task {run.key!r}: the planner failed: {what}; fix the provider (or its "
-            "script) and create the task again", details={"error": type(exc).__name__})
-        error.__cause__ = exc
-        begin_stop(run, Stop("failed", error, error.to_info()))
+        _planner_failed(run, what, type(exc).__name__, exc)
+
+
+def _planner_failed(run: TaskRun, what: str, error_name: str,
+                    cause: BaseException | None) -> None:
+    error = PlannerFailedError(
+        f"task {run.key!r}: the planner failed: {what}; fix the provider (or its script) "
+        "and create the task again", details={"error": error_name})
+    error.__cause__ = cause
+    begin_stop(run, Stop("failed", error, error.to_info()))
 
 
 def begin_stop(run: TaskRun, stop: Stop) -> None:
