@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 
 from agentium_graph._canonical import admission_id, canonical_json, digest_text
 from agentium_graph.catalog._bindings import AgentBinding, ToolBinding
-from agentium_graph.catalog._catalog import _version_key as version_key
 from agentium_graph.errors import (
     BudgetExhaustedError,
     DescriptorMismatchError,
@@ -59,6 +58,7 @@ from agentium_graph.runtime._blobs import read_verified
 from agentium_graph.runtime._context import ToolContext
 from agentium_graph.runtime._graph import NodeSpec
 from agentium_graph.runtime._outcome import Outcome, check_output, schema_error
+from agentium_graph.runtime._reach import pinned_tool_version
 from agentium_graph.store._requests import AppendJournal, Charge, RecordAction
 
 if TYPE_CHECKING:
@@ -180,9 +180,8 @@ def _tool_bindings(run: TaskRun, spec: NodeSpec, names: tuple[str, ...]
     pinned = run.identity.descriptors
     found: dict[str, ToolBinding] = {}
     for name in names:
-        versions = [key.rpartition("@")[2] for key, desc in pinned.items()
-                    if key.rpartition("@")[0] == name and desc.get("kind") == "tool"]
-        if not versions:
+        version = pinned_tool_version(pinned, name)
+        if version is None:
             # Not pinned (e.g. not granted to the task): the catalog's latest, as the task
             # could not have pinned it.
             tool = run.rt.catalog.latest_tool(name)
@@ -191,7 +190,6 @@ def _tool_bindings(run: TaskRun, spec: NodeSpec, names: tuple[str, ...]
                                    "catalog", node_id=spec.id)
             found[name] = tool
             continue
-        version = max(versions, key=version_key)
         binding = run.rt.catalog.get(name, version)
         current = run.rt.catalog.descriptor(name, version)
         if not isinstance(binding, ToolBinding) or current is None or \

@@ -45,11 +45,8 @@ def _reach(plan: CompiledPlan, catalog: HostCatalog,
                     stack.append(found)
         if isinstance(binding, AgentBinding):
             for tool in binding.agent.tools:
-                versions = [] if pinned is None else [
-                    k.rpartition("@")[2] for k, d in pinned.items()
-                    if k.rpartition("@")[0] == tool and d.get("kind") == "tool"]
-                if versions:
-                    version = max(versions, key=version_key)
+                version = None if pinned is None else pinned_tool_version(pinned, tool)
+                if version is not None:
                     tool_binding = catalog.get(tool, version)
                     if tool_binding is None:
                         seen.setdefault(f"{tool}@{version}", None)
@@ -60,3 +57,11 @@ def _reach(plan: CompiledPlan, catalog: HostCatalog,
                 if latest is not None:
                     stack.append(latest)
     return seen
+
+
+def pinned_tool_version(pinned: Mapping[str, Any], name: str) -> str | None:
+    """The version of tool ``name`` an agent uses: the highest one the task pinned (what
+    the catalog's latest was at create), or None when the task pinned none."""
+    versions = [key.rpartition("@")[2] for key, desc in pinned.items()
+                if key.rpartition("@")[0] == name and desc.get("kind") == "tool"]
+    return max(versions, key=version_key) if versions else None
