@@ -35,6 +35,20 @@ def test_quick_bench_reports_every_workload_and_its_counts(tmp_path: Path) -> No
     w4 = results[("W4", "sqlite")]
     assert w4["completed_nodes_rerun"] == 0 and w4["output_ok"] is True
     assert w4["max_starts_of_a_node"] <= 2
+    # The bare executor (the least Python making the same durable writes) reports next to the
+    # floor, makes as many commits as the runtime, and is shown on the W1 and W3 targets.
+    bare = {line["store"]: line for line in lines
+            if line["kind"] == "floor" and line["name"].startswith("bare_executor")}
+    assert set(bare) == {"memory", "sqlite"}
+    assert bare["sqlite"]["w3_commits_per_task"] == w3["durable_commits_per_task"]
+    assert bare["sqlite"]["w1_commits_per_node"] == w1["durable_commits_per_node"]
+    targets = {t["target"]: t for t in lines if t["kind"] == "target"}
+    assert targets["W1 sqlite per-node overhead"]["bare_executor"] == \
+        bare["sqlite"]["w1_per_node_ms"]
+    assert targets["W3 sqlite throughput"]["bare_executor"] == bare["sqlite"]["w3_tasks_per_s"]
+    assert targets["W1 memory per-node overhead"]["bare_executor"] == \
+        bare["memory"]["w1_per_node_ms"]
+    assert "bare_executor" not in targets["W2 sqlite fan-out + join wall time"]
     summary = lines[-1]
     assert summary["kind"] == "summary"
     assert summary["pass"] + summary["fail"] + summary["not_run"] == 7
