@@ -184,10 +184,15 @@ def derive_id(kind: str, *parts: JSONValue) -> str:
     # Ids are derived on the hot path from ASCII strings and ints, whose canonical JSON is
     # written directly (identical bytes: a test compares it with the encoder); anything
     # else goes through the checked encoder.
-    pieces = [_bare_part(kind), *map(_bare_part, parts)]
-    bare = [p for p in pieces if p is not None]
-    text = "[" + ",".join(bare) + "]" if len(bare) == len(pieces) else \
-        canonical_json([kind, *parts])
+    pieces = []
+    for part in (kind, *parts):
+        bare = _bare_part(part)
+        if bare is None:
+            text = canonical_json([kind, *parts])
+            break
+        pieces.append(bare)
+    else:
+        text = "[" + ",".join(pieces) + "]"
     h = hashlib.sha256(text.encode("utf-8")).hexdigest()
     return f"{kind}_{h[:24]}"
 
