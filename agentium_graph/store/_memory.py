@@ -14,7 +14,8 @@ can change stored state, and stored state never changes what a caller holds) by 
 * **Every read hands out copies** of them: a caller never holds a stored container.
 * **A write returns what** :mod:`~agentium_graph.store._transitions` **built**, uncopied.
   The transitions are pure: they only read the stored records they are given and build
-  new ones with ``model_copy``, which shares nested containers with the record it copies.
+  new ones with ``_records.replace`` (``model_copy``), which shares nested containers with
+  the record it copies.
   So a result may share containers with the request (the caller's own objects) and with
   the stored records this very write replaces (e.g. a new header's ``limits``), but never
   with anything the store keeps afterwards.
@@ -48,6 +49,7 @@ from agentium_graph.store._records import (
     TaskHeader,
     TaskIdentity,
     TaskSnapshot,
+    replace,
 )
 from agentium_graph.store._requests import (
     AcquireLeaseRequest,
@@ -91,24 +93,21 @@ def _own_error(error: ErrorInfo | None) -> ErrorInfo | None:
 
 
 def _own_header(header: TaskHeader) -> TaskHeader:
-    update: dict[str, Any] = {"counters": dict(header.counters),
-                              "limits": dict(header.limits)}
-    if header.error is not None:
-        update["error"] = _own_error(header.error)
-    return header.model_copy(update=update)
+    if header.error is None:
+        return replace(header, counters=dict(header.counters), limits=dict(header.limits))
+    return replace(header, counters=dict(header.counters), limits=dict(header.limits),
+                   error=_own_error(header.error))
 
 
 def _own_node(node: NodeRecord) -> NodeRecord:
     # Only ``error.details`` is mutable: ``deps`` and ``attempts`` are immutable tuples.
-    return node if node.error is None else node.model_copy(
-        update={"error": _own_error(node.error)})
+    return node if node.error is None else replace(node, error=_own_error(node.error))
 
 
 def _own_action(action: ActionRecord) -> ActionRecord:
     resolution = action.resolution
-    return action.model_copy(update={
-        "origin": _json_copy(action.origin),
-        "resolution": None if resolution is None else _json_copy(resolution)})
+    return replace(action, origin=_json_copy(action.origin),
+                   resolution=None if resolution is None else _json_copy(resolution))
 
 
 @dataclass

@@ -8,8 +8,9 @@ append-only **journal**, and content-addressed **blobs** (outputs, plans, identi
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from datetime import datetime
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -156,3 +157,88 @@ def stored_header_json(header: TaskHeader) -> str:
     (static plans), so versions that predate the field can still read those headers."""
     return header.model_dump_json(exclude=_NO_PLAN_DIGEST if header.plan_digest is None
                                   else None)
+
+
+# --- trusted construction ------------------------------------------------------------------
+# The state machine builds a few records per commit (an attempt, three journal entries,
+# copies of node records and the header) from values that already have their declared
+# types: fields of validated requests and stored records, and ints and datetimes it computed
+# itself. Pydantic's constructor validates them all again, and ``model_copy`` goes through a
+# generic ``__copy__``; either costs several microseconds per record. The functions below set
+# an instance's state directly, exactly as ``model_copy`` leaves it, for the record classes
+# that have nothing else to set up (no validators, private attributes or extra fields: pinned
+# with the pydantic internals this relies on by ``tests/test_trusted_records.py``).
+
+R = TypeVar("R", bound=BaseModel)
+
+_new: Final = object.__new__
+# BaseModel's instance slots; assigning them is what ``BaseModel.__copy__`` does.
+_set_dict: Final[Callable[[object, dict[str, Any]], None]] = \
+    BaseModel.__dict__["__dict__"].__set__
+_set_fields_set: Final[Callable[[object, set[str]], None]] = \
+    BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra: Final[Callable[[object, None], None]] = \
+    BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private: Final[Callable[[object, None], None]] = \
+    BaseModel.__dict__["__pydantic_private__"].__set__
+
+
+def trusted(cls: type[R], values: dict[str, Any], fields_set: Collection[str]) -> R:
+    """An instance of ``cls`` holding ``values`` as they are, without validation.
+
+    ``values`` must name every field of ``cls`` in declaration order (defaults included) with
+    a value of its declared type; ``fields_set`` is what the validating constructor would
+    record as explicitly set. Used only by constructor functions that a test compares with
+    the validating constructor (:func:`journal_entry`, :func:`new_attempt`,
+    ``_requests.commit_result``)."""
+    model = _new(cls)
+    _set_dict(model, values)
+    _set_fields_set(model, set(fields_set))
+    _set_extra(model, None)
+    _set_private(model, None)
+    return model
+
+
+def replace(rec: R, /, **update: Any) -> R:
+    """``rec.model_copy(update=update)``, made directly for the classes in :data:`TRUSTED`.
+
+    Like ``model_copy`` it validates nothing and shares nested values with ``rec``."""
+    cls = type(rec)
+    if cls not in TRUSTED:
+        return rec.model_copy(update=update)
+    model = _new(cls)
+    _set_dict(model, {**rec.__dict__, **update})
+    _set_fields_set(model, rec.__pydantic_fields_set__ | update.keys())
+    _set_extra(model, None)
+    _set_private(model, None)
+    return model
+
+
+_JOURNAL_SET: Final = frozenset(JournalEntry.model_fields)
+
+
+def journal_entry(seq: int, at: datetime, kind: str, node_id: str | None, fence: int | None,
+                  data: dict[str, Any]) -> JournalEntry:
+    """``JournalEntry(seq=..., ..., data=data)`` without validation; ``data`` becomes the
+    entry's own (the constructor would copy it: pass a dict nothing else holds)."""
+    return trusted(JournalEntry, {"seq": seq, "at": at, "kind": kind, "node_id": node_id,
+                                  "fence": fence, "data": data}, _JOURNAL_SET)
+
+
+_ATTEMPT_SET: Final = frozenset(AttemptRecord.model_fields) - {"ended_at", "outcome"}
+
+
+def new_attempt(number: int, attempt_id: str, fence: int, worker_id: str,
+                started_at: datetime, admission_id: str | None,
+                input_digest: str | None) -> AttemptRecord:
+    """``AttemptRecord(...)`` of a just started attempt (not ended), without validation."""
+    return trusted(AttemptRecord, {
+        "number": number, "attempt_id": attempt_id, "fence": fence, "worker_id": worker_id,
+        "started_at": started_at, "admission_id": admission_id,
+        "input_digest": input_digest, "ended_at": None, "outcome": None}, _ATTEMPT_SET)
+
+
+# Exactly these classes (not subclasses) take the fast paths above.
+TRUSTED: Final[frozenset[type[BaseModel]]] = frozenset({
+    LeaseRecord, CancelRecord, AttemptRecord, NodeRecord, ActionRecord, TaskHeader,
+    JournalEntry})

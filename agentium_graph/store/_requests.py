@@ -7,8 +7,9 @@ a :class:`CommitRequest` (several steps under one fence) atomically, so "node k 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,6 +24,7 @@ from agentium_graph.store._records import (
     TaskIdentity,
     TaskSnapshot,
     TaskStatus,
+    trusted,
 )
 
 
@@ -163,6 +165,20 @@ class CommitResult(_Req):
     journal: tuple[JournalEntry, ...] = ()
     charged: tuple[str, ...] = ()          # admission ids newly charged by this commit
     already_charged: tuple[str, ...] = ()  # admission ids that were charged before
+
+
+_RESULT_SET: Final = frozenset(CommitResult.model_fields)
+
+
+def commit_result(header: TaskHeader, nodes: dict[str, NodeRecord],
+                  actions: dict[str, ActionRecord], journal: Iterable[JournalEntry],
+                  charged: Iterable[str], already_charged: Iterable[str]) -> CommitResult:
+    """``CommitResult(...)`` with every field given, from records the state machine built,
+    without validating them again; like the constructor it copies the containers."""
+    return trusted(CommitResult, {
+        "header": header, "nodes": dict(nodes), "actions": dict(actions),
+        "journal": tuple(journal), "charged": tuple(charged),
+        "already_charged": tuple(already_charged)}, _RESULT_SET)
 
 
 class AcquireLeaseRequest(_Req):

@@ -22,7 +22,6 @@ from agentium_graph.errors import (
 from agentium_graph.store._records import (
     TERMINAL_TASK,
     ActionRecord,
-    AttemptRecord,
     CancelRecord,
     JournalEntry,
     LeaseRecord,
@@ -30,6 +29,9 @@ from agentium_graph.store._records import (
     NodeState,
     TaskHeader,
     TaskIdentity,
+    journal_entry,
+    new_attempt,
+    replace,
 )
 from agentium_graph.store._requests import (
     AcquireLeaseRequest,
@@ -51,6 +53,7 @@ from agentium_graph.store._requests import (
     SettleNode,
     StartAttempt,
     Step,
+    commit_result,
 )
 
 # Allowed node transitions. ``running -> running`` is a new attempt under a newer fence
@@ -109,10 +112,8 @@ class Delta:
     def result(self, header: TaskHeader | None = None) -> CommitResult:
         """What a store returns for this delta; ``header``: the stored post-image when the
         store reads one back (else the delta's own)."""
-        return CommitResult(header=header or self.header, nodes=self.nodes,
-                            actions=self.actions, journal=tuple(self.journal),
-                            charged=tuple(self.charges),
-                            already_charged=tuple(self.already_charged))
+        return commit_result(header or self.header, self.nodes, self.actions, self.journal,
+                             self.charges, self.already_charged)
 
 
 def needs(steps: Iterable[Step]) -> Needs:
@@ -185,9 +186,10 @@ class _Apply:
         self.changed_nodes[rec.node_id] = rec
 
     def log(self, kind: str, node_id: str | None = None, **data: object) -> None:
-        self.journal.append(JournalEntry(
-            seq=self.header.journal_seq + len(self.journal) + 1, at=self.req.now, kind=kind,
-            node_id=node_id, fence=self.req.fence, data=dict(data)))
+        # ``data`` is this call's own dict (keyword arguments): the entry can keep it.
+        self.journal.append(journal_entry(
+            self.header.journal_seq + len(self.journal) + 1, self.req.now, kind, node_id,
+            self.req.fence, data))
 
     def move(self, rec: NodeRecord, to: NodeState) -> None:
         if to not in NODE_TRANSITIONS[rec.state]:
@@ -246,7 +248,7 @@ class _Apply:
         if fresh:
             self.charge(admission_id, {"expanded_nodes": len(fresh)}, None)
         for rec in fresh:
-            self.put(rec.model_copy(update={"state": "pending", "updated_at": self.req.now}))
+            self.put(replace(rec, state="pending", updated_at=self.req.now))
             self.log("node_added", rec.node_id, incarnation_id=rec.incarnation_id,
                      binding=rec.binding, version=rec.version, parent=rec.parent)
 
@@ -263,8 +265,7 @@ class _Apply:
                     raise InvalidTransitionError(
                         f"node {rec.node_id!r} attempt {last.number} already runs under fence "
                         f"{last.fence}; a new attempt needs a newer fence", node_id=rec.node_id)
-                attempts[-1] = last.model_copy(update={"ended_at": now,
-                                                       "outcome": "interrupted"})
+                attempts[-1] = replace(last, ended_at=now, outcome="interrupted")
                 self.log("attempt_interrupted", rec.node_id, attempt=last.number,
                          attempt_fence=last.fence)
             if any(a.attempt_id == step.attempt_id for a in attempts):
@@ -274,13 +275,11 @@ class _Apply:
             if step.admission_id and step.charges:
                 self.charge(step.admission_id, step.charges, rec.node_id)
             number = len(attempts) + 1
-            attempts.append(AttemptRecord(
-                number=number, attempt_id=step.attempt_id, fence=self.req.fence,
-                worker_id=self.req.worker_id, started_at=now, admission_id=step.admission_id,
-                input_digest=step.input_digest))
-            self.put(rec.model_copy(update={
-                "state": "running", "attempts": tuple(attempts), "updated_at": now,
-                "input_digest": step.input_digest or rec.input_digest}))
+            attempts.append(new_attempt(number, step.attempt_id, self.req.fence,
+                                        self.req.worker_id, now, step.admission_id,
+                                        step.input_digest))
+            self.put(replace(rec, state="running", attempts=tuple(attempts), updated_at=now,
+                             input_digest=step.input_digest or rec.input_digest))
             self.log("attempt_started", rec.node_id, attempt=number,
                      attempt_id=step.attempt_id, input_digest=step.input_digest)
         elif isinstance(step, SettleNode):
@@ -292,11 +291,9 @@ class _Apply:
                     node_id=rec.node_id)
             attempts = list(rec.attempts)
             if attempts and attempts[-1].ended_at is None:
-                attempts[-1] = attempts[-1].model_copy(update={"ended_at": now,
-                                                               "outcome": step.state})
-            self.put(rec.model_copy(update={
-                "state": step.state, "attempts": tuple(attempts), "updated_at": now,
-                "output_digest": step.output_digest, "error": step.error}))
+                attempts[-1] = replace(attempts[-1], ended_at=now, outcome=step.state)
+            self.put(replace(rec, state=step.state, attempts=tuple(attempts), updated_at=now,
+                             output_digest=step.output_digest, error=step.error))
             data: dict[str, object] = {"state": step.state}
             if step.output_digest:
                 data["output_digest"] = step.output_digest
@@ -308,7 +305,7 @@ class _Apply:
             self.move(rec, "claimed")
             self.require_completed(step.node_id, step.requires_completed)
             if rec.state != "claimed":
-                self.put(rec.model_copy(update={"state": "claimed", "updated_at": now}))
+                self.put(replace(rec, state="claimed", updated_at=now))
                 self.log("node_claimed", rec.node_id)
         elif isinstance(step, PrepareNode):
             rec = self.node(step.node_id)
@@ -316,8 +313,8 @@ class _Apply:
             if rec.state == "prepared" and rec.input_digest not in (None, step.input_digest):
                 raise InvalidTransitionError(
                     f"node {rec.node_id!r} was prepared with other input", node_id=rec.node_id)
-            self.put(rec.model_copy(update={"state": "prepared", "updated_at": now,
-                                            "input_digest": step.input_digest}))
+            self.put(replace(rec, state="prepared", updated_at=now,
+                             input_digest=step.input_digest))
             self.log("node_prepared", rec.node_id, input_digest=step.input_digest)
         elif isinstance(step, Charge):
             self.charge(step.admission_id, step.charges, step.node_id)
@@ -327,8 +324,7 @@ class _Apply:
                 raise InvalidTransitionError(
                     f"node {rec.node_id!r} is {rec.state}; only an uncertain node can be "
                     "reopened", node_id=rec.node_id)
-            self.put(rec.model_copy(update={"state": "pending", "updated_at": now,
-                                            "error": None}))
+            self.put(replace(rec, state="pending", updated_at=now, error=None))
             self.log("node_reopened", rec.node_id, reason=step.reason)
         elif isinstance(step, AddNodes):
             self.add_nodes(step.nodes, step.admission_id)
@@ -371,7 +367,7 @@ class _Apply:
                 raise InvalidTransitionError(
                     f"node {node_id!r} is {state}; only unclaimed pending nodes that never "
                     "ran may be replaced or removed", node_id=node_id)
-            self.put(rec.model_copy(update={"state": "tombstoned", "updated_at": self.req.now}))
+            self.put(replace(rec, state="tombstoned", updated_at=self.req.now))
             self.log("node_tombstoned", node_id, revision=step.revision,
                      incarnation_id=rec.incarnation_id)
         self.add_nodes(step.add, step.admission_id, replace_tombstoned=True)
@@ -406,7 +402,7 @@ class _Apply:
                 raise InvalidTransitionError(
                     f"action {action.action_id} must start as an intent", node_id=action.node_id)
         else:
-            if action.model_copy(update={"updated_at": existing.updated_at}) == existing:
+            if replace(action, updated_at=existing.updated_at) == existing:
                 return  # an identical retransmission (the store stamps updated_at)
             if action.state not in ACTION_TRANSITIONS[existing.state]:
                 raise InvalidTransitionError(
@@ -425,12 +421,12 @@ class _Apply:
                  **({"source": action.outcome_source} if action.outcome_source else {}))
 
     def finish(self) -> Delta:
-        header = self.header.model_copy(update={
-            "seq": self.header.seq + 1,
-            "journal_seq": self.header.journal_seq + len(self.journal),
-            "counters": self.counters, "status": self.status, "error": self.error,
-            "revision": self.revision, "plan_digest": self.plan_digest, "lease": self.lease,
-            "updated_at": self.req.now})
+        header = replace(
+            self.header, seq=self.header.seq + 1,
+            journal_seq=self.header.journal_seq + len(self.journal),
+            counters=self.counters, status=self.status, error=self.error,
+            revision=self.revision, plan_digest=self.plan_digest, lease=self.lease,
+            updated_at=self.req.now)
         return Delta(header=header, nodes=self.changed_nodes, actions=self.changed_actions,
                      charges=self.new_charges, already_charged=self.already,
                      journal=self.journal)
@@ -481,11 +477,10 @@ def acquire_lease(header: TaskHeader,
         data["previous_fence"] = lease.fence
     entry = JournalEntry(seq=header.journal_seq + 1, at=req.now, kind="lease_acquired",
                          fence=fence, data=data)
-    return header.model_copy(update={
-        "fence": fence, "seq": header.seq + 1, "updated_at": req.now,
-        "journal_seq": header.journal_seq + 1,
-        "lease": LeaseRecord(owner=req.worker_id, fence=fence, acquired_at=req.now,
-                             expires_at=expires)}), entry
+    return replace(header, fence=fence, seq=header.seq + 1, updated_at=req.now,
+                   journal_seq=header.journal_seq + 1,
+                   lease=LeaseRecord(owner=req.worker_id, fence=fence, acquired_at=req.now,
+                                     expires_at=expires)), entry
 
 
 def acquire_with_steps(header: TaskHeader, nodes: dict[str, NodeRecord],
@@ -523,15 +518,13 @@ def lease_expiry(req: AcquireLeaseRequest) -> datetime:
 def renew_lease(header: TaskHeader, req: RenewLeaseRequest) -> TaskHeader:
     check_fence(header, req.worker_id, req.fence)
     assert header.lease is not None
-    return header.model_copy(update={
-        "lease": header.lease.model_copy(update={"expires_at": _plus(req.now,
-                                                                     req.ttl_seconds)})})
+    return replace(header, lease=replace(header.lease,
+                                         expires_at=_plus(req.now, req.ttl_seconds)))
 
 
 def release_lease(header: TaskHeader, req: ReleaseLeaseRequest) -> TaskHeader:
     check_fence(header, req.worker_id, req.fence)
-    return header.model_copy(update={"lease": None, "seq": header.seq + 1,
-                                     "updated_at": req.now})
+    return replace(header, lease=None, seq=header.seq + 1, updated_at=req.now)
 
 
 def request_cancel(header: TaskHeader, req: CancelTaskRequest) -> TaskHeader | None:
@@ -541,8 +534,7 @@ def request_cancel(header: TaskHeader, req: CancelTaskRequest) -> TaskHeader | N
     """
     if header.cancel is not None or header.status in TERMINAL_TASK:
         return None
-    return header.model_copy(update={"cancel": CancelRecord(reason=req.reason,
-                                                            requested_at=req.now)})
+    return replace(header, cancel=CancelRecord(reason=req.reason, requested_at=req.now))
 
 
 def _plus(now: datetime, seconds: float) -> datetime:

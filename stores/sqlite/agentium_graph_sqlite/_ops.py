@@ -34,6 +34,7 @@ from agentium_graph.store._records import (
     TaskHeader,
     TaskIdentity,
     TaskSnapshot,
+    replace,
     stored_header_json,
 )
 from agentium_graph.store._requests import (
@@ -68,6 +69,7 @@ from agentium_graph_sqlite._errors import BadRecord
 T = TypeVar("T")
 R = TypeVar("R")
 _ENTRIES = TypeAdapter(list[JournalEntry])  # a journal row: one commit's entries
+
 # A node row's record plus slack: above a completed single-attempt record (~750 bytes) and
 # below SQLite's largest in-page payload for 4 KiB pages (~1000 bytes, beyond which a row
 # spills to overflow pages). Bigger records (many attempts, long errors) just grow.
@@ -195,8 +197,7 @@ def _private(header: TaskHeader, text: str) -> TaskHeader:
     """A header equal to ``header`` (whose JSON is ``text``) sharing no mutable container."""
     if header.error is not None:  # ErrorInfo.details is a dict: a fresh parse owns its own
         return TaskHeader.model_validate_json(text)
-    return header.model_copy(update={"counters": dict(header.counters),
-                                     "limits": dict(header.limits)})
+    return replace(header, counters=dict(header.counters), limits=dict(header.limits))
 
 
 def _shareable(rec: NodeRecord) -> NodeRecord | None:
