@@ -36,7 +36,9 @@ from agentium_graph.store._records import (
     TaskHeader,
     journal_entry,
     new_attempt,
+    record_json,
     replace,
+    stored_header_json,
 )
 from agentium_graph.store._requests import (
     AcquireLeaseRequest,
@@ -202,6 +204,28 @@ def test_commit_result_is_the_validated_result() -> None:
     assert type(fast.journal) is tuple and type(fast.already_charged) is tuple
 
 
+@pytest.mark.parametrize("index", range(len(_samples())))
+def test_record_json_is_model_dump_json(index: int) -> None:
+    rec, update = _samples()[index]
+    for one in (rec, replace(rec, **update)):
+        assert record_json(one) == one.model_dump_json()
+
+
+def test_record_json_of_text_that_is_not_ascii() -> None:
+    entry = JournalEntry(seq=1, at=T0, kind="note", data={"t": "ünïcødé \u2028 \"q\" \x00"})
+    assert record_json(entry) == entry.model_dump_json()
+    assert "ünïcødé" in record_json(entry)
+
+
+def test_stored_header_json_leaves_out_only_a_missing_plan_digest() -> None:
+    header = replace(_header(), error=ERROR, lease=LeaseRecord(
+        owner="w", fence=1, acquired_at=T0, expires_at=T1))
+    assert stored_header_json(header) == header.model_dump_json(exclude={"plan_digest"})
+    assert "plan_digest" not in stored_header_json(header)
+    planned = replace(header, plan_digest="p")
+    assert stored_header_json(planned) == planned.model_dump_json()
+
+
 # --- a whole task: same results, same stored bytes -------------------------------------------
 
 def _reference(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -227,8 +251,16 @@ def _reference(monkeypatch: pytest.MonkeyPatch) -> None:
                             journal=tuple(journal), charged=tuple(charged),
                             already_charged=tuple(already))
 
+    def ref_json(rec: BaseModel) -> str:
+        return rec.model_dump_json()
+
+    def ref_header_json(header: TaskHeader) -> str:
+        return header.model_dump_json(exclude={"plan_digest"} if header.plan_digest is None
+                                      else None)
+
     for module in (_transitions, _memory, _records):
         monkeypatch.setattr(module, "replace", ref_replace)
+    monkeypatch.setattr(_memory, "record_json", ref_json)
     monkeypatch.setattr(_transitions, "journal_entry", ref_entry)
     monkeypatch.setattr(_transitions, "new_attempt", ref_attempt)
     monkeypatch.setattr(_transitions, "commit_result", ref_result)
@@ -238,6 +270,10 @@ def _reference(monkeypatch: pytest.MonkeyPatch) -> None:
     except ImportError:  # pragma: no cover - the SQLite store is not installed
         return
     monkeypatch.setattr(_ops, "replace", ref_replace)
+    monkeypatch.setattr(_ops, "record_json", ref_json)
+    monkeypatch.setattr(_ops, "stored_header_json", ref_header_json)
+    monkeypatch.setattr(_ops, "_entries_json",
+                        lambda entries: _ops._ENTRIES.dump_json(entries).decode())
 
 
 async def _every_transition(store: Any) -> list[str]:

@@ -49,6 +49,7 @@ from agentium_graph.store._records import (
     TaskHeader,
     TaskIdentity,
     TaskSnapshot,
+    record_json,
     replace,
 )
 from agentium_graph.store._requests import (
@@ -191,7 +192,7 @@ class InMemoryDurableTaskStore:
         task = _Task(header=_own_header(request.header),
                      identity=request.identity.model_dump_json(),
                      nodes={node.node_id: _own_node(node) for node in request.nodes},
-                     admissions={request.admission_id: {}}, journal=[entry.model_dump_json()])
+                     admissions={request.admission_id: {}}, journal=[record_json(entry)])
         for digest_, text in request.blobs.items():
             self._blobs.setdefault(digest_, text)
         self._tasks[key] = task
@@ -289,7 +290,7 @@ class InMemoryDurableTaskStore:
         # Callers never await between loading and this write: atomic for asyncio callers.
         # Every copy is made before anything changes: a copy that fails changes nothing.
         own_header = _own_header(header)
-        own_journal = [e.model_dump_json() for e in journal]
+        own_journal = [record_json(e) for e in journal]
         nodes = {} if delta is None else {k: _own_node(v) for k, v in delta.nodes.items()}
         actions = {} if delta is None else {
             k: _own_action(v) for k, v in delta.actions.items()}

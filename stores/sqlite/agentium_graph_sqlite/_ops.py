@@ -34,6 +34,7 @@ from agentium_graph.store._records import (
     TaskHeader,
     TaskIdentity,
     TaskSnapshot,
+    record_json,
     replace,
     stored_header_json,
 )
@@ -80,6 +81,12 @@ MAX_SEQ = 2**63 - 1
 M = TypeVar("M", bound=BaseModel)
 # json.dumps(c, sort_keys=True) builds a new encoder per call; this is the same encoder.
 _charges_text: Final = json.JSONEncoder(sort_keys=True).encode
+
+
+def _entries_json(entries: list[JournalEntry]) -> str:
+    """``_ENTRIES.dump_json(entries).decode()``, calling its serializer directly (as
+    :func:`~agentium_graph.store._records.record_json` does, for the same reason)."""
+    return _ENTRIES.serializer.to_json(entries).decode()
 
 
 class Writer:
@@ -129,7 +136,7 @@ class Writer:
         """One row for all of a commit's entries, keyed by the last entry's seq."""
         if entries:
             self.many("INSERT INTO journal (key, seq, entries) VALUES (?, ?, ?)",
-                      [(key, entries[-1].seq, _ENTRIES.dump_json(list(entries)).decode())])
+                      [(key, entries[-1].seq, _entries_json(list(entries)))])
 
 
 class _Task:
@@ -369,7 +376,7 @@ def create_task(conn: sqlite3.Connection, request: CreateTaskRequest,
         w.many("INSERT INTO identities (key, identity) VALUES (?, ?)",
                [(key, request.identity.model_dump_json())])
         nodes = {n.node_id: n for n in request.nodes}
-        _upsert(w, _NODES, key, {}, {i: n.model_dump_json() for i, n in nodes.items()})
+        _upsert(w, _NODES, key, {}, {i: record_json(n) for i, n in nodes.items()})
         w.many("INSERT INTO admissions (key, admission_id, charges) VALUES (?, ?, ?)",
                [(key, request.admission_id, "{}")])
         w.journal(key, [entry])
@@ -500,10 +507,10 @@ def _write_delta(w: Writer, key: str, delta: Delta, blobs: dict[str, str],
     place: ``INSERT OR REPLACE`` deletes and re-inserts, and the delete can leave a page
     underfull and rebalance its siblings, about three page writes per node transition."""
     w.blobs(blobs)
-    _upsert(w, _NODES, key, nodes, {i: n.model_dump_json() for i, n in delta.nodes.items()})
+    _upsert(w, _NODES, key, nodes, {i: record_json(n) for i, n in delta.nodes.items()})
     if delta.actions:
         _upsert(w, _ACTIONS, key, actions,
-                {i: a.model_dump_json() for i, a in delta.actions.items()})
+                {i: record_json(a) for i, a in delta.actions.items()})
     if delta.charges:
         w.many("INSERT INTO admissions (key, admission_id, charges) VALUES (?, ?, ?)",
                [(key, i, _charges_text(c)) for i, c in delta.charges.items()])
