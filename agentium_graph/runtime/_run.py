@@ -75,7 +75,6 @@ from agentium_graph.store._requests import (
     AcquireLeaseRequest,
     AppendJournal,
     Charge,
-    CommitRequest,
     CommitRevision,
     RecordAction,
     RenewLeaseRequest,
@@ -83,6 +82,9 @@ from agentium_graph.store._requests import (
     StartAttempt,
     Step,
     TimelineRequest,
+    commit_request,
+    node_completed,
+    start_attempt,
 )
 from agentium_graph.store._transitions import TERMINAL_NODE
 
@@ -400,8 +402,7 @@ class TaskRun:
                 blobs[outcome.digest] = outcome.text
                 self.outputs[node_id] = outcome.output
                 self.mark_done(node_id)
-                steps.append(SettleNode(node_id=node_id, state="completed",
-                                        output_digest=outcome.digest))
+                steps.append(node_completed(node_id, outcome.digest))
             elif outcome.state == "canceled":
                 steps.append(SettleNode(node_id=node_id, state="canceled",
                                         error=self.stop.error.to_info() if self.stop else None))
@@ -552,9 +553,8 @@ class TaskRun:
             else:
                 adm = admission_id(att, "work")
                 charges = {"work_attempts": 1, "tool_calls": 1}
-                start = [StartAttempt(node_id=node_id, attempt_id=att,
-                                      input_digest=item.input_digest, admission_id=adm,
-                                      charges=charges, requires_completed=node.deps)]
+                start = [start_attempt(node_id, att, item.input_digest, adm, charges,
+                                       node.deps)]
                 intent = None
             exhausted = self._exceeds(charges, pending)
             if exhausted is not None:
@@ -667,8 +667,8 @@ class TaskRun:
         if self.pending_acquire is not None:
             await self._acquire_with(steps, blobs)
             return
-        request = CommitRequest(key=self.key, worker_id=self.worker_id, fence=self.fence,
-                                now=self.clock(), steps=tuple(steps), blobs=blobs)
+        request = commit_request(self.key, self.worker_id, self.fence, self.clock(), steps,
+                                 blobs)
         try:
             result = await self.store.commit(request)
         except StaleFenceError as exc:

@@ -249,6 +249,46 @@ class CommitRequest(_Req):
     blobs: dict[str, str] = {}
 
 
+# The runtime's own hot path (one pure node: a start, a completion, the group commit)
+# builds its requests from values it made itself, as the state machine builds its records:
+# without validating them again (``tests/test_trusted_requests.py`` pins each builder to the
+# validating constructor). ``fields_set`` is what that constructor records for the same call.
+_START_SET: Final = frozenset({"node_id", "attempt_id", "input_digest", "admission_id",
+                               "charges", "requires_completed"})
+_SETTLE_SET: Final = frozenset({"node_id", "state", "output_digest"})
+_COMMIT_SET: Final = frozenset(CommitRequest.model_fields)
+
+
+def start_attempt(node_id: str, attempt_id: str, input_digest: str, admission_id: str,
+                  charges: dict[str, int], requires_completed: tuple[str, ...]
+                  ) -> StartAttempt:
+    """``StartAttempt(node_id=..., ..., requires_completed=...)`` of a charged attempt."""
+    return trusted(StartAttempt, {
+        "type": "start_attempt", "node_id": node_id, "attempt_id": attempt_id,
+        "input_digest": input_digest, "admission_id": admission_id, "charges": dict(charges),
+        "requires_completed": requires_completed}, _START_SET)
+
+
+def node_completed(node_id: str, output_digest: str) -> SettleNode:
+    """``SettleNode(node_id=..., state="completed", output_digest=...)``."""
+    return trusted(SettleNode, {"type": "settle_node", "node_id": node_id,
+                                "state": "completed", "output_digest": output_digest,
+                                "error": None}, _SETTLE_SET)
+
+
+def commit_request(key: str, worker_id: str, fence: int, now: datetime, steps: Iterable[Step],
+                   blobs: dict[str, str]) -> CommitRequest:
+    """``CommitRequest(...)`` of steps built by the runtime (each validated or built by the
+    functions above). ``now`` comes from a clock the host may inject: anything but a
+    ``datetime`` goes through the validating constructor, which says what is wrong."""
+    if type(now) is not datetime:
+        return CommitRequest(key=key, worker_id=worker_id, fence=fence, now=now,
+                             steps=tuple(steps), blobs=blobs)
+    return trusted(CommitRequest, {"key": key, "worker_id": worker_id, "fence": fence,
+                                   "now": now, "steps": tuple(steps), "blobs": dict(blobs)},
+                   _COMMIT_SET)
+
+
 class ListTasksRequest(_Req):
     status: TaskStatus | None = None
     after: str | None = None
