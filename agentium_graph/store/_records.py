@@ -196,8 +196,8 @@ def trusted(cls: type[R], values: dict[str, Any], fields_set: Collection[str]) -
     ``values`` must name every field of ``cls`` in declaration order (defaults included) with
     a value of its declared type; ``fields_set`` is what the validating constructor would
     record as explicitly set. Used only by constructor functions that a test compares with
-    the validating constructor (:func:`journal_entry`, :func:`new_attempt`,
-    ``_requests.commit_result``)."""
+    the validating constructor (:func:`journal_entry`, :func:`new_attempt` and the builders
+    in ``_requests``), for classes with nothing else to set up."""
     model = _new(cls)
     _set_dict(model, values)
     _set_fields_set(model, set(fields_set))
@@ -215,7 +215,7 @@ def replace(rec: R, /, **update: Any) -> R:
         return rec.model_copy(update=update)
     model = _new(cls)
     _set_dict(model, {**rec.__dict__, **update})
-    _set_fields_set(model, rec.__pydantic_fields_set__ | update.keys())
+    _set_fields_set(model, rec.__pydantic_fields_set__.union(update))
     _set_extra(model, None)
     _set_private(model, None)
     return model

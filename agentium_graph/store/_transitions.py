@@ -121,12 +121,16 @@ def needs(steps: Iterable[Step]) -> Needs:
     actions: set[str] = set()
     admissions: set[str] = set()
     for step in steps:
-        if isinstance(step, ClaimNode | StartAttempt):
+        # Every node settles and starts: those first. (An isinstance check that misses a
+        # pydantic class costs several times one that hits: it goes through ABCMeta.)
+        if isinstance(step, SettleNode):
+            nodes.add(step.node_id)
+        elif isinstance(step, StartAttempt | ClaimNode):
             nodes.add(step.node_id)
             nodes.update(step.requires_completed)
             if isinstance(step, StartAttempt) and step.admission_id:
                 admissions.add(step.admission_id)
-        elif isinstance(step, PrepareNode | SettleNode | ReopenNode):
+        elif isinstance(step, PrepareNode | ReopenNode):
             nodes.add(step.node_id)
         elif isinstance(step, AddNodes):
             nodes.update(n.node_id for n in step.nodes)
@@ -162,6 +166,10 @@ class _Apply:
         self.actions = actions
         self.charged = charged
         self.req = request
+        # Read once: every field read of a pydantic model costs several times a plain one.
+        self.now = request.now
+        self.fence = request.fence
+        self.journal_seq = header.journal_seq
         self.counters = dict(header.counters)
         self.status = header.status
         self.error = header.error
@@ -188,8 +196,8 @@ class _Apply:
     def log(self, kind: str, node_id: str | None = None, **data: object) -> None:
         # ``data`` is this call's own dict (keyword arguments): the entry can keep it.
         self.journal.append(journal_entry(
-            self.header.journal_seq + len(self.journal) + 1, self.req.now, kind, node_id,
-            self.req.fence, data))
+            self.journal_seq + len(self.journal) + 1, self.now, kind, node_id, self.fence,
+            data))
 
     def move(self, rec: NodeRecord, to: NodeState) -> None:
         if to not in NODE_TRANSITIONS[rec.state]:
@@ -205,7 +213,8 @@ class _Apply:
             self.already.append(admission_id)
             return False
         limits = self.header.limits
-        for name, amount in sorted(amounts.items()):
+        ordered = sorted(amounts.items())
+        for name, amount in ordered:
             if amount < 0:
                 raise InvalidTransitionError(f"charge {name}={amount} is negative; counters "
                                              "are never refunded")
@@ -218,7 +227,7 @@ class _Apply:
             self.counters[name] = self.counters.get(name, 0) + amount
         self.new_charges[admission_id] = dict(amounts)
         self.log("admission_charged", node_id, admission_id=admission_id,
-                 charges=dict(sorted(amounts.items())))
+                 charges=dict(ordered))
         return True
 
     def require_completed(self, node_id: str, deps: Iterable[str]) -> None:
@@ -248,12 +257,12 @@ class _Apply:
         if fresh:
             self.charge(admission_id, {"expanded_nodes": len(fresh)}, None)
         for rec in fresh:
-            self.put(replace(rec, state="pending", updated_at=self.req.now))
+            self.put(replace(rec, state="pending", updated_at=self.now))
             self.log("node_added", rec.node_id, incarnation_id=rec.incarnation_id,
                      binding=rec.binding, version=rec.version, parent=rec.parent)
 
     def step(self, step: Step) -> None:
-        now = self.req.now
+        now = self.now
         if isinstance(step, StartAttempt):
             rec = self.node(step.node_id)
             self.move(rec, "running")
@@ -261,7 +270,7 @@ class _Apply:
             attempts = list(rec.attempts)
             if attempts and attempts[-1].ended_at is None:
                 last = attempts[-1]
-                if last.fence >= self.req.fence:
+                if last.fence >= self.fence:
                     raise InvalidTransitionError(
                         f"node {rec.node_id!r} attempt {last.number} already runs under fence "
                         f"{last.fence}; a new attempt needs a newer fence", node_id=rec.node_id)
@@ -275,7 +284,7 @@ class _Apply:
             if step.admission_id and step.charges:
                 self.charge(step.admission_id, step.charges, rec.node_id)
             number = len(attempts) + 1
-            attempts.append(new_attempt(number, step.attempt_id, self.req.fence,
+            attempts.append(new_attempt(number, step.attempt_id, self.fence,
                                         self.req.worker_id, now, step.admission_id,
                                         step.input_digest))
             self.put(replace(rec, state="running", attempts=tuple(attempts), updated_at=now,
@@ -367,7 +376,7 @@ class _Apply:
                 raise InvalidTransitionError(
                     f"node {node_id!r} is {state}; only unclaimed pending nodes that never "
                     "ran may be replaced or removed", node_id=node_id)
-            self.put(replace(rec, state="tombstoned", updated_at=self.req.now))
+            self.put(replace(rec, state="tombstoned", updated_at=self.now))
             self.log("node_tombstoned", node_id, revision=step.revision,
                      incarnation_id=rec.incarnation_id)
         self.add_nodes(step.add, step.admission_id, replace_tombstoned=True)
@@ -414,8 +423,7 @@ class _Apply:
                 raise InvalidTransitionError(
                     f"action {action.action_id}: request and origin evidence are append-only",
                     node_id=action.node_id)
-        self.changed_actions[action.action_id] = action.model_copy(
-            update={"updated_at": self.req.now})
+        self.changed_actions[action.action_id] = replace(action, updated_at=self.now)
         self.log("action_" + action.state, action.node_id, action_id=action.action_id,
                  **({"outcome_digest": action.outcome_digest} if action.outcome_digest else {}),
                  **({"source": action.outcome_source} if action.outcome_source else {}))
@@ -423,10 +431,10 @@ class _Apply:
     def finish(self) -> Delta:
         header = replace(
             self.header, seq=self.header.seq + 1,
-            journal_seq=self.header.journal_seq + len(self.journal),
+            journal_seq=self.journal_seq + len(self.journal),
             counters=self.counters, status=self.status, error=self.error,
             revision=self.revision, plan_digest=self.plan_digest, lease=self.lease,
-            updated_at=self.req.now)
+            updated_at=self.now)
         return Delta(header=header, nodes=self.changed_nodes, actions=self.changed_actions,
                      charges=self.new_charges, already_charged=self.already,
                      journal=self.journal)
