@@ -15,8 +15,8 @@ validation, no records, no state machine, no leases, no budgets, no recovery. Ea
   read the header, ``INSERT OR IGNORE`` the blob, ``UPDATE`` two node rows, ``INSERT`` an
   admission and a journal row, ``UPDATE`` the header (and its status index when the status
   changes), ``COMMIT``; a create inserts the task, its identity, its node rows, an admission
-  and a journal row. Tables and row sizes are the SQLite store's (constant-size node rows,
-  an append-only journal); its checkpoint thread is left out.
+  and a journal row. Tables (the store's own DDL) and row sizes are the SQLite store's
+  (constant-size node rows, an append-only journal); its checkpoint thread is left out.
 
 ``memory``: the same Python with the write transaction replaced by appending the rows to
 dicts and lists on the loop's thread: what a node costs before any store or runtime.
@@ -43,21 +43,6 @@ from typing import Any
 
 _encode = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
 
-_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS tasks (key TEXT PRIMARY KEY, status TEXT NOT NULL, "
-    "header TEXT NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS tasks_by_status ON tasks (status, key)",
-    "CREATE TABLE IF NOT EXISTS identities (key TEXT PRIMARY KEY, identity TEXT NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS nodes (key TEXT NOT NULL, node_id TEXT NOT NULL, "
-    "record TEXT NOT NULL, slack BLOB, PRIMARY KEY (key, node_id)) WITHOUT ROWID",
-    "CREATE TABLE IF NOT EXISTS admissions (key TEXT NOT NULL, admission_id TEXT NOT NULL, "
-    "charges TEXT NOT NULL, PRIMARY KEY (key, admission_id)) WITHOUT ROWID",
-    "CREATE TABLE IF NOT EXISTS journal (id INTEGER PRIMARY KEY, key TEXT NOT NULL, "
-    "seq INTEGER NOT NULL, entries TEXT NOT NULL)",
-    "CREATE UNIQUE INDEX IF NOT EXISTS journal_by_key ON journal (key, seq)",
-    "CREATE TABLE IF NOT EXISTS blobs (digest TEXT PRIMARY KEY, body TEXT NOT NULL) "
-    "WITHOUT ROWID",
-)
 
 Rows = dict[str, Any]
 # Node rows keep a constant size while their record grows (zero-filled slack, as the SQLite
@@ -84,7 +69,10 @@ class _SQLite:
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.conn.execute("PRAGMA journal_mode = WAL")
         self.conn.execute(f"PRAGMA synchronous = {synchronous}")
-        for statement in _SCHEMA:
+        # The SQLite store's own tables and indexes, so the layout cannot drift from it.
+        from agentium_graph_sqlite._schema import _DDL
+
+        for statement in _DDL:
             self.conn.execute(statement)
         self.jobs: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self.commits = 0  # write transactions handed to the thread

@@ -47,6 +47,7 @@ from agentium_graph.store._requests import (
     CancelTaskRequest,
     Charge,
     ClaimNode,
+    CommitRequest,
     CommitResult,
     CommitRevision,
     PrepareNode,
@@ -102,7 +103,8 @@ def test_basemodel_still_keeps_instance_state_in_these_slots() -> None:
             "__pydantic_private__"} <= set(BaseModel.__slots__)
 
 
-@pytest.mark.parametrize("cls", sorted([*TRUSTED, CommitResult], key=lambda c: c.__name__))
+@pytest.mark.parametrize("cls", sorted([*TRUSTED, CommitResult, StartAttempt, SettleNode,
+                                         CommitRequest], key=lambda c: c.__name__))
 def test_trusted_classes_have_nothing_else_to_set_up(cls: type[BaseModel]) -> None:
     # Nothing the validating constructor would run or set beyond the field values.
     decorators = cls.__pydantic_decorators__
