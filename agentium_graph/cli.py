@@ -43,6 +43,7 @@ from agentium_graph.errors import (
     StoreError,
     TaskNotFoundError,
 )
+from agentium_graph.runtime._config import DEFAULT_LEASE_TTL
 from agentium_graph.runtime._inspect import build_view
 from agentium_graph.runtime._resolve import cancel_stopped
 from agentium_graph.runtime._runtime import ExecutionGraphRuntime, TimelinePage
@@ -457,7 +458,8 @@ def cancel_command(config: CliConfig, key: str, reason: str, as_json: bool) -> N
         if after.status == "recovery_required" and not live:
             # Nothing will run it until its actions are resolved: cancel it now (this needs
             # only the store; its uncertain actions stay in the ledger).
-            await cancel_stopped(store, key, lease_ttl=15.0, clock=lambda: datetime.now(UTC))
+            await cancel_stopped(store, key, lease_ttl=DEFAULT_LEASE_TTL,
+                                 clock=lambda: datetime.now(UTC))
             after = await _header(store, key)
             live = after.lease is not None and after.lease.expires_at > now
             applied = after.status == "canceled"

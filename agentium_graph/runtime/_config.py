@@ -6,6 +6,10 @@ from pydantic import Field
 
 from agentium_graph._program import ConfigModel as _Config
 
+# Seconds a worker's lease lasts unless renewed: the runtime's default, and what the CLI and
+# the resolution helpers take when they hold a task briefly (cancel, resolve).
+DEFAULT_LEASE_TTL = 15.0
+
 
 class RootLimits(_Config):
     """Ceilings over a task's whole lifetime, shared by every nested graph and agent.

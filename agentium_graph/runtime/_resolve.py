@@ -39,6 +39,7 @@ from agentium_graph.errors import (
     TaskCanceledError,
     TaskNotFoundError,
 )
+from agentium_graph.runtime._config import DEFAULT_LEASE_TTL
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import (
     TERMINAL_TASK,
@@ -64,7 +65,8 @@ log = logging.getLogger("agentium_graph.runtime")
 
 async def resolve_action(store: DurableTaskStore, key: str, action_id: str,
                          outcome: ActionOutcome | Absent, *, actor: str,
-                         clock: Callable[[], datetime], lease_ttl: float = 15.0) -> None:
+                         clock: Callable[[], datetime],
+                         lease_ttl: float = DEFAULT_LEASE_TTL) -> None:
     if not isinstance(actor, str) or not actor.strip():
         raise ConfigurationError("resolve_action needs actor=... (who attests the outcome): "
                                  "a non-blank name the journal records")

@@ -62,7 +62,12 @@ from agentium_graph.runtime._args import (
     root_limits,
 )
 from agentium_graph.runtime._blobs import read_verified
-from agentium_graph.runtime._config import Budgets, RootLimits, counter_limits
+from agentium_graph.runtime._config import (
+    DEFAULT_LEASE_TTL,
+    Budgets,
+    RootLimits,
+    counter_limits,
+)
 from agentium_graph.runtime._containers import node_record
 from agentium_graph.runtime._context import current_context
 from agentium_graph.runtime._inspect import build_view
@@ -144,7 +149,7 @@ class ExecutionGraphRuntime:
                  require_durable: bool = False,
                  limits: RootLimits | Mapping[str, int] | None = None,
                  on_admission: Callable[[AdmissionEvent], None] | None = None,
-                 lease_ttl: float = 15.0, poll_interval: float = 1.0,
+                 lease_ttl: float = DEFAULT_LEASE_TTL, poll_interval: float = 1.0,
                  clock: Callable[[], datetime] | None = None,
                  policy_revision: str = "1", effect_timeout: float = 30.0,
                  lookup_timeout: float = 10.0, lookup_attempts: int = 3,
