@@ -1,7 +1,7 @@
 """The *bare executor*: the least Python that can make the durable writes W1 and W3 make.
 
 The floor lines (one SQLite commit, one fsync) say what the disk costs. They do not say what
-a targets' limit leaves for code, because a node's commit is not one tiny INSERT: "node k
+a target's limit leaves for code, because a node's commit is not one tiny INSERT: "node k
 completed + node k+1 started" writes the output blob, two node rows, an admission row, a
 journal row and the task header, and it is made from Python, on a thread the event loop
 hands the work to. This module measures exactly that with nothing else: no plan, no
@@ -21,10 +21,10 @@ validation, no records, no state machine, no leases, no budgets, no recovery. Ea
 ``memory``: the same Python with the write transaction replaced by appending the rows to
 dicts and lists on the loop's thread: what a node costs before any store or runtime.
 
-A real runtime does strictly more per node, so a target below the bare executor's number on
-this machine cannot be met here by any implementation that keeps one durable commit per
-node (W3: seven per task: create, then the lease and one per node). Like every timing of
-the bench, read it next to the floor lines of the same run.
+A real runtime does strictly more per node, so a limit the bare executor misses on this
+machine cannot be met here by any implementation that keeps one durable commit per node
+(W3: seven per task: create, then the lease and one per node). Like every timing of the
+bench, read it next to the floor lines of the same run.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 _encode = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
-
 
 Rows = dict[str, Any]
 # Node rows keep a constant size while their record grows (zero-filled slack, as the SQLite
