@@ -195,6 +195,10 @@ class _Apply:
 
     def log(self, kind: str, node_id: str | None = None, **data: object) -> None:
         # ``data`` is this call's own dict (keyword arguments): the entry can keep it.
+        self.entry(kind, node_id, data)
+
+    def entry(self, kind: str, node_id: str | None, data: dict[str, object]) -> None:
+        """Append an entry holding ``data`` itself (pass a dict nothing else holds)."""
         self.journal.append(journal_entry(
             self.journal_seq + len(self.journal) + 1, self.now, kind, node_id, self.fence,
             data))
@@ -353,7 +357,8 @@ class _Apply:
             self.log("task_" + step.status, None,
                      **({"error": step.error.model_dump(mode="json")} if step.error else {}))
         elif isinstance(step, AppendJournal):
-            self.log(step.kind, step.node_id, **step.data)
+            # The caller's data as a dict of its own: any key, even "kind" or "node_id".
+            self.entry(step.kind, step.node_id, dict(step.data))
         else:  # pragma: no cover - the Step union is closed
             raise InvalidTransitionError(f"unknown step {type(step).__name__}")
 

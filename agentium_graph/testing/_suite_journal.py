@@ -62,6 +62,18 @@ class JournalTests(SuiteBase):
             (f"n{i}", {"i": i, "nested": {"x": [i]}}, 1) for i in range(4)]
         assert [e.at for e in notes] == [T0 + timedelta(seconds=i) for i in range(4)]
 
+    async def test_appended_data_may_use_any_key(self, store: DurableTaskStore) -> None:
+        # The data of an appended entry is the caller's: keys that name an entry's own
+        # fields ("kind", "node_id", "seq", ...) are data like any other.
+        fence = await self.leased(store, KEY, nodes=1, deps="none")
+        data = {"kind": "mine", "node_id": "elsewhere", "seq": -1, "fence": 0, "data": [1]}
+        result = await commit(store, KEY, W1, fence,
+                              AppendJournal(kind="note", node_id="n0", data=data))
+        (entry,) = [e for e in result.journal if e.kind == "note"]
+        assert (entry.node_id, entry.data, entry.fence) == ("n0", data, fence)
+        (stored,) = [e for e in await read_timeline(store, KEY) if e.kind == "note"]
+        assert stored == entry
+
     async def test_paging_reconstructs_the_journal_exactly(
             self, store: DurableTaskStore) -> None:
         await self.busy_task(store)
