@@ -11,8 +11,9 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agentium_graph._canonical import NotJSONError, check_json
 from agentium_graph._program import ConfigModel
 from agentium_graph.errors import ErrorInfo
 from agentium_graph.store._records import (
@@ -134,6 +135,17 @@ class AppendJournal(_Req):
     kind: str
     node_id: str | None = None
     data: dict[str, Any] = {}
+
+    @field_validator("data")
+    @classmethod
+    def _json_data(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # Journaled as JSON and read back from it: a set, bytes, NaN or object would come
+        # back as something else (or not at all), so only plain JSON is accepted.
+        try:
+            check_json(value, "data")
+        except NotJSONError as exc:
+            raise ValueError(f"journal data must be plain JSON: {exc}") from None
+        return value
 
 
 Step = Annotated[
