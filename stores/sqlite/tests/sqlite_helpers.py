@@ -1,9 +1,11 @@
-"""Request builders shared by the SQLite store tests."""
+"""Request builders and file rewrites shared by the SQLite store tests."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from agentium_graph._canonical import digest
 from agentium_graph.store import (
@@ -11,6 +13,7 @@ from agentium_graph.store import (
     AcquireLeaseRequest,
     CommitRequest,
     CreateTaskRequest,
+    JournalEntry,
     NodeRecord,
     Step,
     TaskHeader,
@@ -56,3 +59,28 @@ def commit_request(key: str, fence: int, steps: Iterable[Step], *, worker: str =
                    now: float = 1.0, blobs: dict[str, str] | None = None) -> CommitRequest:
     return CommitRequest(key=key, worker_id=worker, fence=fence, now=at(now),
                          steps=tuple(steps), blobs=blobs or {})
+
+
+# Schema version 1's nodes and journal tables.
+_V1_NODES = ("CREATE TABLE nodes (key TEXT NOT NULL, node_id TEXT NOT NULL, "
+             "record TEXT NOT NULL, PRIMARY KEY (key, node_id)) WITHOUT ROWID")
+_V1_JOURNAL = ("CREATE TABLE journal (key TEXT NOT NULL, seq INTEGER NOT NULL, "
+               "entry TEXT NOT NULL, PRIMARY KEY (key, seq)) WITHOUT ROWID")
+
+
+def rewrite_as_version_1(path: Path, entries: dict[str, list[JournalEntry]]) -> None:
+    """What a version 1 store left behind: the same data, one journal row per entry."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN")
+    conn.execute("DROP TABLE journal")
+    conn.execute(_V1_JOURNAL)
+    conn.executemany("INSERT INTO journal (key, seq, entry) VALUES (?, ?, ?)",
+                     [(key, e.seq, e.model_dump_json()) for key, es in entries.items()
+                      for e in es])
+    conn.execute(_V1_NODES.replace("nodes", "nodes_v1", 1))
+    conn.execute("INSERT INTO nodes_v1 SELECT key, node_id, record FROM nodes")
+    conn.execute("DROP TABLE nodes")
+    conn.execute("ALTER TABLE nodes_v1 RENAME TO nodes")
+    conn.execute("UPDATE meta SET value = '1' WHERE name = 'schema_version'")
+    conn.execute("COMMIT")
+    conn.close()

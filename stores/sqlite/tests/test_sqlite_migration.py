@@ -6,38 +6,20 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from sqlite_helpers import acquire_request, commit_request, create_request
+from sqlite_helpers import (
+    acquire_request,
+    commit_request,
+    create_request,
+    rewrite_as_version_1,
+)
 
 from agentium_graph.errors import StoreError
 from agentium_graph.store import Charge, ClaimNode, JournalEntry, TimelineRequest
 from agentium_graph_sqlite import SCHEMA_VERSION, SQLiteDurableTaskStore
 
-_V1_NODES = ("CREATE TABLE nodes (key TEXT NOT NULL, node_id TEXT NOT NULL, "
-             "record TEXT NOT NULL, PRIMARY KEY (key, node_id)) WITHOUT ROWID")
-_V1_JOURNAL = ("CREATE TABLE journal (key TEXT NOT NULL, seq INTEGER NOT NULL, "
-               "entry TEXT NOT NULL, PRIMARY KEY (key, seq)) WITHOUT ROWID")
-
 
 async def _timeline(store: SQLiteDurableTaskStore, key: str) -> list[JournalEntry]:
     return await store.read_timeline(TimelineRequest(key=key, limit=1000))
-
-
-def _rewrite_as_version_1(path: Path, entries: dict[str, list[JournalEntry]]) -> None:
-    """What a version 1 store left behind: the same data, one journal row per entry."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("BEGIN")
-    conn.execute("DROP TABLE journal")
-    conn.execute(_V1_JOURNAL)
-    conn.executemany("INSERT INTO journal (key, seq, entry) VALUES (?, ?, ?)",
-                     [(key, e.seq, e.model_dump_json()) for key, es in entries.items()
-                      for e in es])
-    conn.execute(_V1_NODES.replace("nodes", "nodes_v1", 1))
-    conn.execute("INSERT INTO nodes_v1 SELECT key, node_id, record FROM nodes")
-    conn.execute("DROP TABLE nodes")
-    conn.execute("ALTER TABLE nodes_v1 RENAME TO nodes")
-    conn.execute("UPDATE meta SET value = '1' WHERE name = 'schema_version'")
-    conn.execute("COMMIT")
-    conn.close()
 
 
 async def test_a_version_1_file_is_migrated_and_keeps_its_whole_journal(tmp_path: Path) -> None:
@@ -51,7 +33,7 @@ async def test_a_version_1_file_is_migrated_and_keeps_its_whole_journal(tmp_path
                 ClaimNode(node_id="n1")]))
         before = {key: await _timeline(store, key) for key in ("a", "b")}
     assert [e.seq for e in before["a"]] == [1, 2, 3, 4, 5]
-    _rewrite_as_version_1(path, before)
+    rewrite_as_version_1(path, before)
 
     async with SQLiteDurableTaskStore(path) as store:
         assert {key: await _timeline(store, key) for key in ("a", "b")} == before
@@ -84,7 +66,7 @@ async def test_a_failed_migration_leaves_the_version_1_file_as_it_was(tmp_path: 
     async with SQLiteDurableTaskStore(path) as store:
         await store.create_task(create_request("a"))
         entries = {"a": await _timeline(store, "a")}
-    _rewrite_as_version_1(path, entries)
+    rewrite_as_version_1(path, entries)
     conn = sqlite3.connect(path)
     conn.execute("CREATE TABLE journal_v1 (x)")  # in the way of the rename: the step fails
     conn.commit()

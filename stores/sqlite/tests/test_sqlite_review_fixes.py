@@ -17,7 +17,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from sqlite_helpers import acquire_request, at, commit_request, create_request
+from sqlite_helpers import (
+    acquire_request,
+    at,
+    commit_request,
+    create_request,
+    rewrite_as_version_1,
+)
 
 import agentium_graph_sqlite
 from agentium_graph.errors import (
@@ -30,7 +36,6 @@ from agentium_graph.store import (
     CancelTaskRequest,
     Charge,
     ClaimNode,
-    JournalEntry,
     ListTasksRequest,
     TimelineRequest,
 )
@@ -256,35 +261,12 @@ async def test_read_only_opens_a_file_that_is_read_only(tmp_path: Path) -> None:
         path.chmod(0o644)
 
 
-_V1_NODES = ("CREATE TABLE nodes (key TEXT NOT NULL, node_id TEXT NOT NULL, "
-             "record TEXT NOT NULL, PRIMARY KEY (key, node_id)) WITHOUT ROWID")
-_V1_JOURNAL = ("CREATE TABLE journal (key TEXT NOT NULL, seq INTEGER NOT NULL, "
-               "entry TEXT NOT NULL, PRIMARY KEY (key, seq)) WITHOUT ROWID")
-
-
-def _rewrite_as_version_1(path: Path, entries: dict[str, list[JournalEntry]]) -> None:
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("BEGIN")
-    conn.execute("DROP TABLE journal")
-    conn.execute(_V1_JOURNAL)
-    conn.executemany("INSERT INTO journal (key, seq, entry) VALUES (?, ?, ?)",
-                     [(key, e.seq, e.model_dump_json()) for key, es in entries.items()
-                      for e in es])
-    conn.execute(_V1_NODES.replace("nodes", "nodes_v1", 1))
-    conn.execute("INSERT INTO nodes_v1 SELECT key, node_id, record FROM nodes")
-    conn.execute("DROP TABLE nodes")
-    conn.execute("ALTER TABLE nodes_v1 RENAME TO nodes")
-    conn.execute("UPDATE meta SET value = '1' WHERE name = 'schema_version'")
-    conn.execute("COMMIT")
-    conn.close()
-
-
 async def test_read_only_reads_a_version_1_file_without_migrating_it(tmp_path: Path) -> None:
     path = tmp_path / "tasks.db"
     await _populate(path, ("a",))
     async with SQLiteDurableTaskStore(path) as store:
         entries = await store.read_timeline(TimelineRequest(key="a", limit=1000))
-    _rewrite_as_version_1(path, {"a": entries})
+    rewrite_as_version_1(path, {"a": entries})
     before = _digest(path)
     async with SQLiteDurableTaskStore(path, read_only=True) as store:
         assert await store.read_timeline(TimelineRequest(key="a", limit=1000)) == entries
