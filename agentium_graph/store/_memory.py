@@ -94,10 +94,11 @@ def _own_error(error: ErrorInfo | None) -> ErrorInfo | None:
 
 
 def _own_header(header: TaskHeader) -> TaskHeader:
-    if header.error is None:
-        return replace(header, counters=dict(header.counters), limits=dict(header.limits))
-    return replace(header, counters=dict(header.counters), limits=dict(header.limits),
-                   error=_own_error(header.error))
+    update: dict[str, Any] = {"counters": dict(header.counters),
+                              "limits": dict(header.limits)}
+    if header.error is not None:
+        update["error"] = _own_error(header.error)
+    return replace(header, **update)
 
 
 def _own_node(node: NodeRecord) -> NodeRecord:

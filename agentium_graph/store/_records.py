@@ -213,6 +213,8 @@ def replace(rec: R, /, **update: Any) -> R:
     cls = type(rec)
     if cls not in TRUSTED:
         return rec.model_copy(update=update)
+    # trusted()'s body, inlined: replace() runs several times per commit, and the call
+    # plus a second fields-set copy cost about 1 % of a pure node (callgrind).
     model = _new(cls)
     _set_dict(model, {**rec.__dict__, **update})
     _set_fields_set(model, rec.__pydantic_fields_set__.union(update))

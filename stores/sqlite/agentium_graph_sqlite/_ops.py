@@ -70,7 +70,6 @@ from agentium_graph_sqlite._errors import BadRecord
 T = TypeVar("T")
 R = TypeVar("R")
 _ENTRIES = TypeAdapter(list[JournalEntry])  # a journal row: one commit's entries
-
 # A node row's record plus slack: above a completed single-attempt record (~750 bytes) and
 # below SQLite's largest in-page payload for 4 KiB pages (~1000 bytes, beyond which a row
 # spills to overflow pages). Bigger records (many attempts, long errors) just grow.
