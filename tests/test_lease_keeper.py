@@ -5,6 +5,7 @@ by the test, never by the machine's speed."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from datetime import datetime
 from typing import Any
 
@@ -16,10 +17,17 @@ from agentium_graph import (
     HostCatalog,
     InMemoryDurableTaskStore,
     LeaseHeldError,
+    StaleFenceError,
     StoreUnavailableError,
     ToolBinding,
 )
-from agentium_graph.store import LeaseStatus, RenewLeaseRequest
+from agentium_graph.store import (
+    CommitRequest,
+    CommitResult,
+    LeaseStatus,
+    RenewLeaseRequest,
+    StartAttempt,
+)
 from tests.conftest import ManualClock, wait_until
 
 
@@ -83,3 +91,54 @@ async def test_a_running_task_keeps_its_lease_for_the_whole_ttl(failures: int) -
         await other.run("k", worker_id="w2")
     release.set()
     assert (await asyncio.wait_for(run, 5)).output == {"a": {}}
+
+
+
+class LostDuringCommit(InMemoryDurableTaskStore):
+    """Refuses a lease renewal (StaleFenceError) while the commit that starts node ``b`` is
+    in flight; that commit waits for the refusal, then succeeds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight = False
+        self.refused = asyncio.Event()
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        if any(isinstance(s, StartAttempt) and s.node_id == "b" for s in request.steps):
+            self.in_flight = True
+            await asyncio.wait_for(self.refused.wait(), 5)
+        return await super().commit(request)
+
+    async def renew_lease(self, request: RenewLeaseRequest) -> LeaseStatus:
+        if self.in_flight:
+            self.refused.set()
+            raise StaleFenceError(request.key, request.fence, request.fence + 1)
+        return await super().renew_lease(request)
+
+
+async def test_a_node_launched_as_the_lease_is_lost_never_starts() -> None:
+    # The commit starting b succeeds, but the lease was lost meanwhile: the run stops
+    # before b's task takes its first step. b's code never runs, and its task is canceled
+    # cleanly (nothing warns that a coroutine was never awaited: warnings are errors here).
+    ran: list[str] = []
+
+    async def tool(args: dict[str, Any]) -> dict[str, Any]:
+        ran.append(args["name"])
+        return {}
+
+    catalog = HostCatalog([ToolBinding(id="t", version="1", execute=tool, recovery="pure")])
+    store = LostDuringCommit()
+    rt = ExecutionGraphRuntime(catalog=catalog, store=store, poll_interval=0.01)
+    await rt.create("k", ExecutionGraphProgram(id="p", version="1", plan={
+        "schemaVersion": 1, "revision": 1, "nodes": [
+            {"id": "a", "binding": "t", "version": "1", "args": {"name": "a"}},
+            {"id": "b", "binding": "t", "version": "1", "args": {"name": "b"},
+             "dependsOn": ["a"]}]}))
+    with pytest.raises(StaleFenceError):
+        await asyncio.wait_for(rt.run("k", worker_id="w1"), 5)
+    gc.collect()  # a coroutine never awaited would warn as it is collected
+    await asyncio.sleep(0)
+    assert ran == ["a"]
+    view = await rt.inspect("k")
+    assert view.nodes["a"].state == "completed"
+    assert view.nodes["b"].state == "running"  # its start is journaled: a new run reconciles
