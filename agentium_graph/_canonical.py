@@ -70,9 +70,21 @@ def _check_text(text: str, root: str, link: _Link) -> None:
                                                "is not valid Unicode") from None
 
 
+# Integers of more digits than this are refused: Python will not write them as text beyond
+# its default limit (4300 digits, ``sys.set_int_max_str_digits``), so they could be neither
+# hashed nor journaled. A fixed bound, so every process accepts the same values.
+MAX_INT_DIGITS = 4300
+_INT_BOUND = 10 ** MAX_INT_DIGITS
+
+
 def _check_scalar(item: Any, root: str, link: _Link) -> None:
-    if item is None or isinstance(item, bool | int):
+    if item is None or isinstance(item, bool):
         return
+    if isinstance(item, int):
+        if -_INT_BOUND < item < _INT_BOUND:
+            return
+        raise NotJSONError(_where(root, link), f"integer has more than {MAX_INT_DIGITS} "
+                                               "digits; pass it as a string")
     if isinstance(item, str):
         if not item.isascii():
             _check_text(item, root, link)
@@ -91,7 +103,8 @@ def check_json(value: Any, path: str = "$") -> None:
     """Raise :class:`NotJSONError` (with the offending path) unless ``value`` is plain JSON.
 
     Rejects non-string object keys (``json`` would silently turn ``1`` into ``"1"``),
-    NaN and infinities, unpaired surrogates, circular containers and non-JSON types.
+    NaN and infinities, integers of more than :data:`MAX_INT_DIGITS` digits, unpaired
+    surrogates, circular containers and non-JSON types.
     Tuples are accepted and encode as arrays. Containers may nest at most
     :data:`MAX_NESTING` levels. One problem is reported, not all.
     """
@@ -123,7 +136,10 @@ def check_json(value: Any, path: str = "$") -> None:
                                        f"object key {key!r} is not a string")
                 _check_text(key, path, link)
             kind = type(child)
-            if kind is int or kind is bool or child is None or (kind is str and child.isascii()):
+            if kind is int:
+                if -_INT_BOUND < child < _INT_BOUND:
+                    continue
+            elif kind is bool or child is None or (kind is str and child.isascii()):
                 continue
             if kind is float and math.isfinite(child):
                 continue

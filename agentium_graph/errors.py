@@ -83,7 +83,12 @@ class ErrorInfo(BaseModel):
         # Journaled with the node and the task: an exception (or a schema error quoting a
         # huge value) must not turn one failure into megabytes of journal, or exceed what a
         # store can keep in a record.
-        return bound_text(value, MAX_ERROR_MESSAGE)
+        return bound_text(valid_text(value), MAX_ERROR_MESSAGE)
+
+    @field_validator("details")
+    @classmethod
+    def _valid_details(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _valid_strings(value)  # type: ignore[no-any-return]
 
     @classmethod
     def from_exception(cls, exc: BaseException, *, node_id: str | None = None) -> ErrorInfo:
@@ -98,6 +103,30 @@ class ErrorInfo(BaseModel):
 MAX_ERROR_MESSAGE = 4000   # characters of a journaled error message
 MAX_DETAIL_TEXT = 1000     # characters of one text detail
 MAX_DETAIL_ITEMS = 100     # items of one list detail
+
+
+def valid_text(text: str) -> str:
+    """``text`` with any lone surrogate written as its escape (``\\udcff``): such strings
+    (from ``os.fsdecode`` or ``errors="surrogateescape"``) cannot be encoded as UTF-8, so no
+    store could journal an error quoting one."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def _valid_strings(value: Any) -> Any:
+    """``value`` (JSON-like data) with :func:`valid_text` applied to every string in it."""
+    if isinstance(value, str):
+        return valid_text(value)
+    if isinstance(value, dict):
+        return {_valid_strings(k): _valid_strings(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_valid_strings(v) for v in value]
+    return value
 
 
 def bound_text(text: str, limit: int) -> str:

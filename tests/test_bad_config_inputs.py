@@ -6,6 +6,7 @@ leak one (or to be accepted and fail later, at run time).
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -166,6 +167,54 @@ def test_constructor_refuses_mistyped_arguments(name: str, value: Any) -> None:
     with pytest.raises(ConfigurationError) as info:
         _runtime(**{name: value})
     assert name in _config_error(info)
+
+
+@pytest.mark.parametrize("deadline", [timedelta(days=3_000_000), timedelta.max])
+async def test_create_refuses_a_relative_deadline_beyond_year_9999(deadline: Any) -> None:
+    rt = _runtime()
+    with pytest.raises(ConfigurationError, match="after the year 9999"):
+        await rt.create("k", program(chain_plan(1)), deadline=deadline)
+    assert await rt.store.get_header("k") is None  # nothing stored
+
+
+@pytest.mark.parametrize("limit", [None, 2.5, "10", True, 0, 1001])
+async def test_timeline_refuses_a_limit_that_is_not_an_int_in_range(limit: Any) -> None:
+    rt = _runtime()
+    await rt.create("k", program(chain_plan(1)))
+    with pytest.raises(ConfigurationError, match="limit must be an int between 1 and 1000"):
+        await rt.timeline("k", limit=limit)
+
+
+async def _async_observer(event: Any) -> None:
+    return None
+
+
+class _AsyncClock:
+    async def __call__(self) -> Any:
+        return None
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("on_admission", _async_observer), ("clock", _AsyncClock())])
+def test_constructor_refuses_async_callbacks_it_would_never_await(name: str,
+                                                                   value: Any) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        _runtime(**{name: value})
+    message = _config_error(info)
+    assert name in message and "async" in message
+
+
+def test_a_binding_refuses_an_async_validate_template() -> None:
+    async def check(args: Any) -> None:
+        raise ValueError("never seen")
+
+    with pytest.raises(ConfigurationError) as info:
+        ToolBinding(id="t", version="1", execute=lambda a: a, recovery="pure",
+                    validate_template=check)
+    message = _config_error(info)
+    assert "validate_template" in message and "async" in message and "'t'" in message
+    assert ToolBinding(id="t", version="1", execute=lambda a: a, recovery="pure",
+                       validate_template=lambda args: None).validate_template is not None
 
 
 @pytest.mark.parametrize("bindings", [5, None, "abc", {"inc": 1}])

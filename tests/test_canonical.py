@@ -108,6 +108,30 @@ def test_int_and_float_differ_and_bool_is_not_int() -> None:
     assert digest(1) != digest(True)
 
 
+def test_integers_of_more_digits_than_python_writes_are_rejected_with_path() -> None:
+    limit = _canonical.MAX_INT_DIGITS
+    largest = 10 ** limit - 1  # 4300 nines: still written
+    assert canonical_json([largest, -largest]) == f"[{largest},{-largest}]"
+    for bad in (10 ** limit, -(10 ** limit), 10 ** (limit * 2)):
+        with pytest.raises(NotJSONError) as info:
+            canonical_json({"a": [0, {"b": bad}]})
+        assert info.value.path == "$.a[1].b"
+        assert "digits" in info.value.reason
+        with pytest.raises(NotJSONError) as info:
+            digest(bad)
+        assert info.value.path == "$"
+
+
+class _Count(int):
+    pass
+
+
+def test_an_int_subclass_of_too_many_digits_is_rejected_too() -> None:
+    assert canonical_json({"n": _Count(7)}) == '{"n":7}'
+    with pytest.raises(NotJSONError, match="digits"):
+        canonical_json({"n": _Count(10 ** _canonical.MAX_INT_DIGITS)})
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_nan_and_infinities_rejected_with_path(bad: float) -> None:
     with pytest.raises(NotJSONError) as info:

@@ -17,6 +17,7 @@ from agentium_graph import (
     ActionOutcome,
     ActionRequest,
     DurableRecoveryRequiredError,
+    ErrorInfo,
     ExecutionGraphProgram,
     ExecutionGraphRuntime,
     GraphBinding,
@@ -270,3 +271,128 @@ async def test_an_effect_answer_larger_than_the_store_keeps_is_uncertain_not_red
     [action] = view.actions
     assert (view.nodes["a"].state, action.state) == ("uncertain", "uncertain")
     assert "more than the 1000 bytes" in (action.reason or "")
+
+
+@pytest.mark.parametrize("in_thread", [True, False], ids=["thread", "loop"])
+async def test_a_sync_tool_raising_stopiteration_fails_the_node(in_thread: bool) -> None:
+    # asyncio cannot set a StopIteration on a future: raised in a tool's thread, it used to
+    # leave the node's await pending forever.
+    def exhausted(args: dict[str, Any]) -> dict[str, Any]:
+        return {"first": next(iter([]))}
+
+    binding = ToolBinding(id="t", version="1", execute=exhausted, recovery="pure",
+                          run_in_thread=in_thread)
+    rt = ExecutionGraphRuntime(catalog=HostCatalog([binding]))
+    await rt.create("k", plan(node("a")))
+    with pytest.raises(NodeFailedError, match="StopIteration") as caught:
+        await asyncio.wait_for(rt.run("k"), 10)
+    assert caught.value.node_id == "a"
+    view = await rt.inspect("k")
+    assert view.status == "failed" and view.nodes["a"].state == "failed"
+    assert view.nodes["a"].error is not None
+    assert view.nodes["a"].error.details["exception_type"] == "StopIteration"
+
+
+async def test_an_error_message_holding_a_lone_surrogate_is_journaled_escaped(
+        tmp_path: Any) -> None:
+    # A file name decoded with surrogateescape, quoted by the exception: text no store can
+    # encode as UTF-8. It used to fail the settling commit, leaving the node running and
+    # its tool called again by every later run.
+    from agentium_graph_sqlite import SQLiteDurableTaskStore
+
+    name = b"report-\xff.csv".decode("utf-8", "surrogateescape")
+    calls: list[int] = []
+
+    def read(args: dict[str, Any]) -> dict[str, Any]:
+        calls.append(1)
+        raise FileNotFoundError(f"no such file: {name}")
+
+    for store in (InMemoryDurableTaskStore(), SQLiteDurableTaskStore(tmp_path / "s.db")):
+        calls.clear()
+        rt = ExecutionGraphRuntime(catalog=HostCatalog([tool("t", read)]), store=store)
+        await rt.create("k", plan(node("a")))
+        for _ in range(2):  # the second run re-raises the journaled failure
+            with pytest.raises(NodeFailedError, match=r"report-\\udcff\.csv"):
+                await rt.run("k")
+        view = await rt.inspect("k")
+        assert calls == [1] and view.verified
+        assert view.nodes["a"].state == "failed" and len(view.nodes["a"].attempts) == 1
+        error = view.nodes["a"].error
+        assert error is not None and error.message.endswith("report-\\udcff.csv")
+        await store.close()
+
+
+def test_error_info_escapes_lone_surrogates_in_its_details() -> None:
+    bad = "x\udcffy"
+    info = ErrorInfo(code="c", message=bad, details={"name": bad, "list": [bad, 1],
+                                                      bad: {"deep": bad}})
+    assert info.message == "x\\udcffy"
+    assert info.details == {"name": "x\\udcffy", "list": ["x\\udcffy", 1],
+                            "x\\udcffy": {"deep": "x\\udcffy"}}
+    assert ErrorInfo.model_validate_json(info.model_dump_json()) == info
+    plain = ErrorInfo(code="c", message="é ok", details={"k": ("a", "b")})
+    assert plain.message == "é ok" and plain.details == {"k": ["a", "b"]}
+
+
+async def test_a_repeat_condition_changing_what_it_is_given_changes_no_output() -> None:
+    def condition(state: dict[str, Any]) -> bool:
+        state["outputs"].pop("x")
+        state["input"]["seed"] = "changed"
+        return False
+
+    rt = ExecutionGraphRuntime(catalog=HostCatalog([_one(), RepeatBinding(
+        id="loop", version="1", program=_inner(), max_iterations=5,
+        condition=condition)]))
+    await rt.create("k", plan(node("r", "loop", {"seed": "s"})))
+    result = await rt.run("k")
+    assert result.output["r"] == {"iterations": 1, "stopped": "condition",
+                                  "last": {"x": {"value": 1}}}
+    view = await rt.inspect("k")
+    assert view.verified and view.nodes["r"].output == result.output["r"]
+
+
+class _Abort(BaseException):
+    """A host's own BaseException (not an Exception)."""
+
+
+@pytest.mark.parametrize("error", [_Abort("give up"), asyncio.CancelledError()],
+                         ids=["base-exception", "cancelled"])
+async def test_a_repeat_condition_raising_a_base_exception_fails_the_node(
+        error: BaseException) -> None:
+    def condition(state: dict[str, Any]) -> bool:
+        raise error
+
+    rt = ExecutionGraphRuntime(catalog=HostCatalog([_one(), RepeatBinding(
+        id="loop", version="1", program=_inner(), max_iterations=5,
+        condition=condition)]))
+    await rt.create("k", plan(node("r", "loop")))
+    for _ in range(2):  # the failure is journaled: a second run re-raises it
+        with pytest.raises(NodeFailedError, match="repeat condition raised") as caught:
+            await rt.run("k")
+        assert caught.value.node_id == "r"
+    view = await rt.inspect("k")
+    assert view.status == "failed" and view.nodes["r"].state == "failed"
+    assert view.nodes["r/0/x"].state == "completed" and view.verified
+
+
+async def test_an_admission_observer_raising_a_base_exception_breaks_nothing(
+        caplog: pytest.LogCaptureFixture) -> None:
+    seen: list[str] = []
+
+    def observer(event: Any) -> None:
+        seen.append(event.kind)
+        raise _Abort("observer gave up")
+
+    rt = ExecutionGraphRuntime(catalog=HostCatalog([_one()]), on_admission=observer)
+    await rt.create("k", plan(node("a", "one"), node("b", "one", dependsOn=["a"])))
+    assert (await rt.run("k")).output == {"a": {"value": 1}, "b": {"value": 1}}
+    assert seen.count("admitted") == 2 and seen.count("released") == 2
+    assert "on_admission callback failed" in caplog.text
+
+
+async def test_an_output_integer_too_long_to_write_fails_as_output_not_json() -> None:
+    rt = ExecutionGraphRuntime(catalog=HostCatalog([tool("t", lambda a: {"n": 10 ** 5000})]))
+    await rt.create("k", plan(node("a")))
+    with pytest.raises(NodeOutputError, match=r"at \$\.n: integer has more than 4300 digits"):
+        await rt.run("k")
+    assert (await rt.inspect("k")).nodes["a"].state == "failed"

@@ -18,6 +18,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -134,6 +135,17 @@ class _BindingBase(BaseModel):
                 if isinstance(data.get(name), Mapping):
                     data[name] = copy.deepcopy(dict(data[name]))
         return data
+
+    @field_validator("validate_template")
+    @classmethod
+    def _sync_template_check(cls, fn: Callable[[dict[str, Any]], None] | None
+                             ) -> Callable[[dict[str, Any]], None] | None:
+        # Called without await while a plan is validated: an async check would be a
+        # coroutine dropped unseen, and every template would pass.
+        if fn is not None and (is_async_callable(fn) or inspect.isasyncgenfunction(fn)):
+            raise ValueError("validate_template is an async function; it must be a plain "
+                             "'def validate_template(args) -> None' that raises to reject")
+        return fn
 
     def model_post_init(self, context: Any, /) -> None:
         self._input_validator, self._input_fast = _compile(

@@ -86,7 +86,10 @@ class AdmissionController:
         assert self._on_event is not None
         try:
             self._on_event(event)
-        except Exception:  # an observer must never break admission
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException:  # an observer must never break admission (a sync callback
+            # raising CancelledError was not canceled by anyone)
             log.exception("on_admission callback failed for %s", event.kind)
 
     def request(self, node_id: str | None) -> Ticket:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import inspect
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from agentium_graph._canonical import digest
 from agentium_graph._program import ExecutionGraphProgram
+from agentium_graph.catalog._bindings import is_async_callable
 from agentium_graph.errors import ConfigurationError
 from agentium_graph.runtime._config import Budgets, RootLimits
 
@@ -57,6 +59,12 @@ def check_runtime_args(*, store: object, require_durable: object, lease_ttl: obj
     for name, fn in (("clock", clock), ("on_admission", on_admission)):
         if fn is not None and not callable(fn):
             raise ConfigurationError(f"{name} must be a callable or None, not {kind(fn)}")
+        if fn is not None and (is_async_callable(fn) or inspect.isasyncgenfunction(fn)):
+            # Called without await: its coroutine would be dropped unseen.
+            raise ConfigurationError(
+                f"{name} must be a plain function, not an async one: the runtime calls it "
+                "synchronously and would never await it; pass a 'def' function (hand "
+                "async work to a task or queue of your own from it)")
     check_policy_revision(policy_revision)
     if isinstance(programs, ExecutionGraphProgram) or not isinstance(programs, Iterable):
         raise ConfigurationError(
@@ -150,6 +158,12 @@ def deadline_arg(value: datetime | timedelta | None,
     if isinstance(value, timedelta):
         if value.total_seconds() <= 0:
             raise ConfigurationError("a relative deadline must be positive")
+        try:
+            now + value
+        except OverflowError:
+            raise ConfigurationError(
+                f"a relative deadline of {value} ends after the year 9999; pass a shorter "
+                "timedelta, or deadline=None for no deadline") from None
         return None, value.total_seconds()
     if isinstance(value, datetime):
         if value.tzinfo is None:

@@ -20,6 +20,7 @@ from agentium_graph._canonical import (
     digest,
     digest_text,
     incarnation_id,
+    json_copy,
 )
 from agentium_graph.catalog._bindings import GraphBinding, RepeatBinding
 from agentium_graph.errors import ErrorInfo, NodeOutputError
@@ -152,12 +153,18 @@ def advance(run: TaskRun, steps: list[Step], blobs: dict[str, str],
         assert isinstance(binding, RepeatBinding) and last.iteration is not None
         i = last.iteration
         try:
-            decision = binding.condition({"iteration": i, "outputs": outputs,
-                                          "input": run.container_args.get(container)})
-        except Exception as exc:  # a host callback: any failure fails the node, typed
+            # Copies: the condition may change what it is given, but not the outputs and
+            # input this run settles and hands on (a recovery reads them from the journal).
+            decision = binding.condition(json_copy({
+                "iteration": i, "outputs": outputs,
+                "input": run.container_args.get(container)}, trusted=True))
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # a host callback: any failure fails the node, typed
+            # (A sync callable raising CancelledError was not canceled by anyone.)
             _fail(run, container, steps, "repeat_condition_failed",
                   f"node {container!r}: the repeat condition raised on iteration {i}: "
-                  f"{type(exc).__name__}: {exc}", {"iteration": i})
+                  f"{type(exc).__name__}{f': {exc}' if str(exc) else ''}", {"iteration": i})
             continue
         if not isinstance(decision, bool):
             # The decision is journaled and replayed: a truthy object (or an un-awaited

@@ -644,7 +644,9 @@ class TaskRun:
                 if inspect.iscoroutinefunction(fn):
                     result = await fn(args)
                 elif binding.run_in_thread:
-                    result = await asyncio.to_thread(fn, args)
+                    result = await asyncio.to_thread(_in_thread, fn, args)
+                    if type(result) is _Raised:
+                        raise result.error
                 else:
                     result = fn(args)
                 if inspect.isawaitable(result):
@@ -782,6 +784,24 @@ class TaskRun:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         self.running.clear()
+
+
+class _Raised:
+    """A StopIteration a sync tool raised in its thread, carried back as a value: asyncio
+    cannot set one on a future (it raises TypeError in the executor's callback instead, and
+    the awaiting node would wait forever)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: StopIteration) -> None:
+        self.error = error
+
+
+def _in_thread(fn: Callable[[dict[str, Any]], Any], args: dict[str, Any]) -> Any:
+    try:
+        return fn(args)
+    except StopIteration as exc:
+        return _Raised(exc)
 
 
 def _is_effect(node: NodeSpec) -> bool:

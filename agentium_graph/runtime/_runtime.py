@@ -594,8 +594,9 @@ class ExecutionGraphRuntime:
                        limit: int = 100) -> TimelinePage:
         """A page of the task's journal in stable order; ``cursor`` is opaque."""
         check_key(key)
-        if not 1 <= limit <= 1000:
-            raise ConfigurationError("limit must be between 1 and 1000")
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 1000:
+            raise ConfigurationError(f"limit must be an int between 1 and 1000, not "
+                                     f"{kind(limit)}")
         header = await self._header(key)
         after = decode_cursor(cursor, key)
         events = await self.store.read_timeline(TimelineRequest(key=key, after_seq=after,
