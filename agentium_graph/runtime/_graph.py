@@ -109,7 +109,9 @@ class FlatGraph:
                         followers.remove(node_id)
                 self.succ.pop(node_id, None)
             self.order = [n for n in self.order if n not in gone]
-            self.pos = {n: i for i, n in enumerate(self.order)}
+            # Renumbered in place: the scheduler's frontier holds this dict's lookup.
+            self.pos.clear()
+            self.pos.update((n, i) for i, n in enumerate(self.order))
             root.members = [n for n in root.members if n not in gone]
             self.fresh = [n for n in self.fresh if n not in gone]
         root.plan = plan

@@ -274,6 +274,7 @@ def install_revisions(run: TaskRun) -> None:
             run.closed.discard(node_id)
             run.done.discard(node_id)
             run.outputs.pop(node_id, None)
+        run.frontier.rebuild()  # positions were renumbered, and an id may have a new spec
         run.again = True
 
 

@@ -54,6 +54,8 @@ from agentium_graph.runtime._agent import (
     run_agent,
 )
 from agentium_graph.runtime._context import ToolContext, reset_context, set_context
+from agentium_graph.runtime._frontier import CONTAINERS as FRONTIER_CONTAINERS
+from agentium_graph.runtime._frontier import Frontier, Turn
 from agentium_graph.runtime._graph import FlatGraph, NodeSpec
 from agentium_graph.runtime._outcome import Outcome, check_output, schema_error
 from agentium_graph.runtime._planner import install_revisions, plan_task
@@ -205,7 +207,7 @@ class TaskRun:
         self.uncertain: list[str] = []
         self.again = False  # set when a turn materialized nodes that may be ready now
         self.agent_records = AgentRecords()
-        self.frontier: set[str] = set()
+        self.frontier = Frontier(self.graph.pos.__getitem__, self._frontier_group)
         self.active_containers: set[str] = set()
         containers.restore(self)
         for cid in self.graph.order:
@@ -436,9 +438,15 @@ class TaskRun:
         self.done.add(node_id)
         self.frontier.update(self.graph.succ.get(node_id, ()))
 
+    def _frontier_group(self, node_id: str) -> str:
+        spec = self.graph.specs[node_id]
+        return FRONTIER_CONTAINERS if containers.is_container(spec) else spec.scope
+
     def _request_ready(self, steps: list[Step], pending: dict[str, int]) -> None:
         # Only the frontier is examined (nodes whose dependencies just completed, or newly
-        # materialized ones), so a turn costs O(ready) and a long chain stays O(n) overall.
+        # materialized ones), in schedule order, and a scope's waiting leaves only until
+        # it is full: a turn costs O(admitted), so a long chain or a wide fan-out stays
+        # O(n log n) overall.
         if self.graph.fresh:
             self.frontier.update(self.graph.fresh)
             self.graph.fresh.clear()
@@ -448,7 +456,15 @@ class TaskRun:
         for active in (*self.running, *self.ready):
             prefix = self.graph.specs[active].scope
             in_scope[prefix] = in_scope.get(prefix, 0) + 1
-        for node_id in sorted(self.frontier, key=self.graph.pos.__getitem__):
+        turn = self.frontier.turn()
+        try:
+            self._admit_frontier(turn, in_scope, steps, pending)
+        finally:
+            turn.end()
+
+    def _admit_frontier(self, turn: Turn, in_scope: dict[str, int], steps: list[Step],
+                        pending: dict[str, int]) -> None:
+        for node_id in turn:
             node = self.graph.specs[node_id]
             if node_id not in self.nodes or node_id in self.revising:
                 # Materialized this turn (considered once its commit recorded it), or about
@@ -460,7 +476,10 @@ class TaskRun:
             leaf = not containers.is_container(node)
             if leaf and in_scope.get(node.scope, 0) >= \
                     self.graph.scopes[node.scope].concurrency:
-                continue  # its plan's concurrency is full: ask for a permit later
+                # Its plan's concurrency is full for the rest of this turn: this node and
+                # the scope's other waiting leaves ask for a permit in a later turn.
+                turn.close(node.scope)
+                continue
             self.frontier.discard(node_id)
             try:
                 args = self._prepare_args(node)
