@@ -96,7 +96,12 @@ def parse_store_uri(uri: str, *, database: str | None = None) -> StoreURI:
         if not _is_utf8(raw):
             raise _bad(uri, "the path is not valid UTF-8 text (it holds a byte that is not "
                             "UTF-8); SQLite needs a UTF-8 path: rename the file or directory")
-        return StoreURI(scheme="sqlite", uri=uri, path=Path(raw).expanduser())
+        try:
+            path = Path(raw).expanduser()
+        except RuntimeError:  # "~name" of a user this system does not know
+            raise _bad(uri, f"cannot expand {raw.split('/')[0]!r}: no such user's home "
+                            "directory; write the path out in full") from None
+        return StoreURI(scheme="sqlite", uri=uri, path=path)
     if scheme in _MONGO_SCHEMES:
         parts = urlsplit(uri)
         if not rest.startswith("//") or not parts.netloc or parts.netloc.endswith("@"):
@@ -155,10 +160,18 @@ def open_store_uri(uri: str, *, database: str | None = None, must_exist: bool = 
     parsed = parse_store_uri(uri, database=database)
     if parsed.scheme == "sqlite":
         assert parsed.path is not None
-        if must_exist and not parsed.path.is_file():
+        try:
+            exists = parsed.path.is_file()
+        except OSError as exc:  # e.g. a directory on the path this user may not enter
+            raise StoreError(
+                f"cannot look at SQLite task database {str(parsed.path)!r}: "
+                f"{exc.strerror or exc}; check the path and the permissions of each "
+                "directory on it", details={"path": str(parsed.path)}) from None
+        if must_exist and not exists:
             where = parsed.path.parent
             why = ("its directory does not exist" if not where.is_dir()
                    else "it is a directory, not a database file" if parsed.path.is_dir()
+                   else "it is not a regular file" if parsed.path.exists()
                    else "no such file")
             raise StoreError(
                 f"no SQLite task database at {str(parsed.path)!r} ({why}); check --store "

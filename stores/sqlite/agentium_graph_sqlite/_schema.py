@@ -17,10 +17,12 @@ connection: it never creates, converts to WAL or migrates anything.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,10 +110,38 @@ def _not_ours(path: Path, why: str) -> StoreSchemaError:
 
 
 def _missing(path: Path) -> StoreError:
+    what = "it is a symlink that leads nowhere (its target is missing, or the links loop)" \
+        if path.is_symlink() else "the file does not exist"
     return StoreError(
-        f"cannot open SQLite store {str(path)!r}: the file does not exist and this store "
-        "does not create one; point the store at an existing task database",
-        details={"path": str(path)})
+        f"cannot open SQLite store {str(path)!r}: {what} and this store does not create "
+        "one; point the store at an existing task database", details={"path": str(path)})
+
+
+@contextlib.contextmanager
+def _path_errors(path: Path) -> Iterator[None]:
+    """An OS error while looking at the path (a directory this user may not enter, a
+    symlink loop) as a StoreError naming it, before SQLite ever opens the file."""
+    try:
+        yield
+    except OSError as exc:
+        where = exc.filename if exc.filename is not None else str(path)
+        raise StoreError(
+            f"cannot open SQLite store {str(path)!r}: {exc.strerror or exc} ({where}); check "
+            "the path, its symlinks and the permissions of each directory on it (nothing "
+            "was changed)", details={"path": str(path), "errno": exc.errno}) from exc
+
+
+def _orphaned_wal(path: Path) -> StoreError | None:
+    """The error for a write-ahead log left without its database file, or None. SQLite
+    would create an empty database there and discard the log with the commits it holds."""
+    wal = path.with_name(path.name + "-wal")
+    if not wal.is_file() or wal.stat().st_size == 0:
+        return None
+    return StoreError(
+        f"cannot open SQLite store {str(path)!r}: the file does not exist, but its "
+        f"write-ahead log {str(wal)!r} does and may hold committed tasks; restore the "
+        "database file next to it (if the log is not needed, move it and its -shm file "
+        "away). Nothing was created", details={"path": str(path), "wal": str(wal)})
 
 
 def open_database(settings: Settings) -> sqlite3.Connection:
@@ -120,11 +150,15 @@ def open_database(settings: Settings) -> sqlite3.Connection:
     if settings.read_only:
         return open_read_only(settings)[0]
     path = settings.path
-    _check_filesystem(path, writable=True)
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        size = -1  # a new file (dangling symlinks included): created below
+    with _path_errors(path):
+        _check_filesystem(path, writable=True)
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            size = -1  # a new file (dangling symlinks included): created below
+        orphan = _orphaned_wal(path) if size < 0 else None
+    if orphan is not None:
+        raise orphan
     if size > 0:
         with mapped_errors(path, "open (read-only probe)"):
             found = _probe(path)
@@ -148,13 +182,15 @@ def open_read_only(settings: Settings) -> tuple[sqlite3.Connection, int]:
     """A read-only connection to an existing agentium-graph file and its schema version
     (an older version is read as it is, never migrated). Nothing is created or written."""
     path = settings.path
-    _check_filesystem(path, writable=False)
-    if not path.exists():
-        raise _missing(path)
-    if path.stat().st_size == 0:
-        raise _not_ours(path, "the file is empty")
+    with _path_errors(path):
+        _check_filesystem(path, writable=False)
+        if not path.exists():
+            raise _missing(path)
+        if path.stat().st_size == 0:
+            raise _not_ours(path, "the file is empty")
+        read_only_fs = read_only_filesystem(path)
     query = "?mode=ro"
-    if read_only_filesystem(path):
+    if read_only_fs:
         # SQLite cannot create the -shm file a WAL reader needs there. Nothing can change
         # the file on a read-only mount, so it may be opened as immutable, unless a WAL
         # file still holds commits (immutable would ignore them).

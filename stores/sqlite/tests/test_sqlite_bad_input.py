@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import stat
 from collections.abc import Iterator
@@ -198,3 +199,58 @@ async def test_relative_path_is_fixed_at_construction(tmp_path: Path) -> None:
         await store.create_task(create_request("k"))
     assert (tmp_path / "a" / "tasks.db").exists()
     assert not (tmp_path / "b" / "tasks.db").exists()
+
+
+async def test_a_write_ahead_log_without_its_database_is_refused_and_kept(
+        tmp_path: Path) -> None:
+    # The database file was moved or lost but its log was not: SQLite would create an
+    # empty database there and discard the log, with whatever commits it held.
+    path = tmp_path / "t.db"
+    store = SQLiteDurableTaskStore(path)
+    await store.create_task(create_request("k"))
+    log = path.with_name("t.db-wal")
+    assert log.stat().st_size > 0
+    kept = log.read_bytes()
+    shutil.copy(log, tmp_path / "saved")
+    await store.close()  # the last close checkpoints and removes the log
+    path.unlink()
+    shutil.copy(tmp_path / "saved", log)
+    for read_only in (False, True):
+        error = await _open_fails_with(path, read_only=read_only)
+        assert str(log) in str(error) if not read_only else "does not exist" in str(error)
+    assert not path.exists() and log.read_bytes() == kept
+
+
+async def test_a_symlink_loop_is_a_store_error_naming_the_path(tmp_path: Path) -> None:
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    for read_only in (False, True):
+        error = await _open_fails_with(tmp_path / "a", read_only=read_only)
+        assert str(tmp_path / "a") in str(error)
+        assert ("links loop" if read_only else "symbolic links") in str(error)
+
+
+async def test_a_path_this_user_may_not_look_at_is_a_store_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # As a user without search permission on a directory of the path (root has it always,
+    # so the denial is simulated where the store first looks at the file).
+    path = tmp_path / "secret" / "t.db"
+
+    def denied(self: Path, *args: object, **kwargs: object) -> os.stat_result:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "is_symlink", denied)
+    for read_only in (False, True):
+        error = await _open_fails_with(path, read_only=read_only)
+        assert "Permission denied" in str(error) and "permissions" in str(error)
+
+
+async def _open_fails_with(path: Path, *, read_only: bool) -> StoreError:
+    store = SQLiteDurableTaskStore(path, read_only=read_only)
+    try:
+        with pytest.raises(StoreError) as info:
+            await store.list_tasks(ListTasksRequest())
+        assert not isinstance(info.value, sqlite3.Error | OSError)
+        return info.value
+    finally:
+        await store.close()
