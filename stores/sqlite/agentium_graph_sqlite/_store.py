@@ -85,6 +85,9 @@ class SQLiteStoreStats:
 _Job = tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
 
 
+_MAX_WAIT_S = 86_400.0  # a day: far beyond any sensible lock wait, and fits SQLite's int
+
+
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
     if future.cancelled():
         return  # the awaiting coroutine was canceled; the operation itself still ran
@@ -249,9 +252,18 @@ class SQLiteDurableTaskStore:
             raise ConfigurationError(
                 f"synchronous must be 'FULL' (default, survives power loss) or 'NORMAL', "
                 f"got {synchronous!r}")
-        if not busy_timeout_s > 0 or busy_retries < 0 or not retry_max_wait_s > 0:
-            raise ConfigurationError("busy_timeout_s and retry_max_wait_s must be positive "
-                                     "and busy_retries must be >= 0")
+        for name, seconds in (("busy_timeout_s", busy_timeout_s),
+                              ("retry_max_wait_s", retry_max_wait_s)):
+            # SQLite takes the busy timeout in whole milliseconds, as a 32-bit int.
+            if not isinstance(seconds, int | float) or isinstance(seconds, bool) or \
+                    not 0 < seconds <= _MAX_WAIT_S:
+                raise ConfigurationError(
+                    f"{name} must be a number of seconds above 0 and at most {_MAX_WAIT_S:g}, "
+                    f"got {seconds!r}")
+        if not isinstance(busy_retries, int) or isinstance(busy_retries, bool) or \
+                not 0 <= busy_retries <= 100:
+            raise ConfigurationError(f"busy_retries must be an int from 0 to 100, got "
+                                     f"{busy_retries!r}")
         self._settings = Settings(path=Path(text).absolute(), synchronous=sync,
                                   busy_timeout_s=float(busy_timeout_s), read_only=read_only,
                                   create=create)

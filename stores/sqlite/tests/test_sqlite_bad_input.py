@@ -167,8 +167,14 @@ def test_paths_that_are_not_files_are_configuration_errors(bad: str) -> None:
         SQLiteDurableTaskStore(bad)
 
 
-@pytest.mark.parametrize("kwargs", [{"synchronous": "OFF"}, {"busy_timeout_s": 0},
-                                    {"busy_retries": -1}, {"retry_max_wait_s": 0}])
+@pytest.mark.parametrize("kwargs", [
+    {"synchronous": "OFF"}, {"busy_timeout_s": 0}, {"busy_retries": -1},
+    {"retry_max_wait_s": 0},
+    # These used to be accepted and fail at the first operation (inf: "an integer SQLite
+    # cannot store"), or raise a raw TypeError ("3").
+    {"busy_timeout_s": float("inf")}, {"busy_timeout_s": float("nan")},
+    {"busy_timeout_s": "5"}, {"retry_max_wait_s": float("inf")}, {"busy_retries": "3"},
+    {"busy_retries": 1.5}, {"busy_retries": True}])
 def test_bad_options_are_configuration_errors(kwargs: dict[str, object],
                                               tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError):
