@@ -515,3 +515,21 @@ def test_a_store_wrapper_with_the_operations_the_runtime_calls_is_accepted() -> 
 
     with pytest.raises(ConfigurationError, match=r"lacks create_task\(\), get_header\(\)"):
         ExecutionGraphRuntime(catalog=make_catalog(Calls()), store=Half())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("key", ["a\x00b", "line\nbreak", "tab\there", "\x1b[2Jx", "x\x85",
+                                 " ", "\t \n"])
+async def test_create_refuses_a_key_with_control_characters_or_only_whitespace(
+        key: str) -> None:
+    rt = _runtime()
+    with pytest.raises(ConfigurationError, match="task key") as info:
+        await rt.create(key, program(chain_plan(1)))
+    assert "control character" in str(info.value) or "only whitespace" in str(info.value)
+    assert await rt.store.get_header(key) is None
+
+
+async def test_a_key_with_spaces_and_any_language_is_fine() -> None:
+    rt = _runtime()
+    for key in ("order 42", "заказ-7", "注文/8", " padded "):
+        await rt.create(key, program(chain_plan(1)))
+        assert (await rt.run(key)).status == "completed"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 import inspect
+import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
@@ -138,6 +139,24 @@ def check_key(key: str) -> None:
     if not isinstance(key, str) or not key or len(key) > 200:
         raise ConfigurationError("task key must be a non-empty string of at most 200 chars")
     check_text("task key", key)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def check_new_key(key: str) -> None:
+    """:func:`check_key`, and what a new task's key may not hold: control characters (a
+    NUL or a newline cannot be typed or shown on a command line, and an escape sequence
+    would drive an operator's terminal) and nothing but whitespace. Keys of tasks that
+    already exist are only held to :func:`check_key`, so every stored task stays reachable."""
+    check_key(key)
+    found = _CONTROL.search(key)
+    if found is not None:
+        raise ConfigurationError(
+            f"task key {key!r} holds the control character {found.group()!r} at position "
+            f"{found.start()}; use printable text (e.g. an id, a UUID or 'order-42')")
+    if key.isspace():
+        raise ConfigurationError(f"task key {key!r} is only whitespace; use printable text")
 
 
 def check_text(what: str, value: str) -> None:

@@ -51,6 +51,7 @@ from agentium_graph.plan._validate import CompiledPlan, pseudo_ref_problems, val
 from agentium_graph.runtime._args import (
     budgets_arg,
     check_key,
+    check_new_key,
     check_policy_revision,
     check_runtime_args,
     check_text,
@@ -214,7 +215,7 @@ class ExecutionGraphRuntime:
 
         ``budgets`` and ``limits`` may be given as dicts of their fields; ``grants`` is a
         list of binding ids (``None``: every binding of the catalog)."""
-        check_key(key)
+        check_new_key(key)
         if not isinstance(program, ExecutionGraphProgram):
             raise ConfigurationError(f"program must be an ExecutionGraphProgram, not "
                                      f"{kind(program)}")
