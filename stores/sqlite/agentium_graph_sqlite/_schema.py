@@ -189,17 +189,27 @@ def open_read_only(settings: Settings) -> tuple[sqlite3.Connection, int]:
         if path.stat().st_size == 0:
             raise _not_ours(path, "the file is empty")
         read_only_fs = read_only_filesystem(path)
-    query = "?mode=ro"
-    if read_only_fs:
-        # SQLite cannot create the -shm file a WAL reader needs there. Nothing can change
-        # the file on a read-only mount, so it may be opened as immutable, unless a WAL
-        # file still holds commits (immutable would ignore them).
         wal = path.with_name(path.name + "-wal")
-        if wal.exists() and wal.stat().st_size > 0:
+        shm = path.with_name(path.name + "-shm")
+        # A reader of a WAL database needs its -shm file, which SQLite creates next to it
+        # when no connection has: impossible on a read-only mount, or in a directory this
+        # user may not write (an operator reading a service's database while it is idle).
+        no_shm = read_only_fs or (not shm.exists() and
+                                  not os.access(path.parent, os.W_OK | os.X_OK))
+        wal_commits = no_shm and wal.exists() and wal.stat().st_size > 0
+    query = "?mode=ro"
+    if no_shm:
+        # With no -wal holding commits, the file itself is the whole database: it is
+        # opened as immutable (read without the -shm), which a later writer's checkpoint
+        # would invalidate: fine for a short read (the CLI), not for a long-lived reader.
+        where = "it is on a read-only filesystem" if read_only_fs else \
+            f"its directory {str(path.parent)!r} is not writable by this user"
+        if wal_commits:
             raise StoreError(
-                f"cannot open SQLite store {str(path)!r}: it is on a read-only filesystem and "
-                f"its write-ahead log {str(wal)!r} holds commits not yet in the file; copy "
-                "the file with its -wal and -shm files to a writable location and open that",
+                f"cannot open SQLite store {str(path)!r}: {where} and its write-ahead log "
+                f"{str(wal)!r} holds commits not yet in the file; copy the file with its -wal "
+                "and -shm files to a writable location and open that (or read it while a "
+                "worker has it open, or as a user who may write the directory)",
                 details={"path": str(path)})
         query += "&immutable=1"
     with mapped_errors(path, "open (read-only)"):

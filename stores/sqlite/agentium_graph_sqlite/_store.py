@@ -199,9 +199,14 @@ class SQLiteDurableTaskStore:
     error), and nothing in it is ever created, converted or migrated (SQLite itself may
     create the empty ``-wal``/``-shm`` side files of a WAL database in a writable
     directory); a file of an older schema version is read as it is (a writing store
-    migrates it). The file itself may be read-only. Every mutating operation raises
-    :class:`~agentium_graph.StoreError` without touching the file. This is how the
-    ``agentium-graph`` CLI's ``list``, ``inspect`` and ``timeline`` open a store.
+    migrates it). The file itself may be read-only, and so may its directory or mount:
+    where SQLite cannot create the ``-shm`` file a reader needs (a read-only mount, or a
+    directory this user may not write while no worker has the file open), a file whose
+    write-ahead log holds no commits is read as immutable (fine for a short read; a long-
+    lived reader would not see later commits), and one whose log does is refused with a
+    typed error. Every mutating operation raises :class:`~agentium_graph.StoreError`
+    without touching the file. This is how the ``agentium-graph`` CLI's ``list``,
+    ``inspect`` and ``timeline`` open a store.
 
     ``create=False``: a writing store that refuses a file that is not already an
     agentium-graph-sqlite database (missing, empty, or a SQLite file without our tables)

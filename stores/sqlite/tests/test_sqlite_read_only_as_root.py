@@ -91,3 +91,58 @@ async def test_a_read_only_store_leaves_a_crashed_writers_wal_alone(tmp_path: Pa
             ("in the wal only",)
     finally:
         check.close()
+
+
+def _names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def _directory_not_writable(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
+    """As a user who may read the database but not write its directory (root may write
+    everywhere, so ``os.access`` answers as for such a user)."""
+    from agentium_graph_sqlite import _schema
+
+    real = _schema.os.access
+
+    def access(path: object, mode: int, *args: object, **kwargs: object) -> bool:
+        if Path(str(path)) == directory and mode & _schema.os.W_OK:
+            return False
+        return real(path, mode)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_schema.os, "access", access)
+
+
+async def test_a_database_in_a_directory_this_user_may_not_write_is_read_in_place(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An idle service's database (no -wal, no -shm): SQLite would need to create the -shm
+    # a WAL reader uses, which the directory does not allow. It is read as immutable.
+    path = tmp_path / "tasks.db"
+    await _populate(path)
+    assert _names(tmp_path) == ["tasks.db"]
+    before = _digest(path)
+    _directory_not_writable(monkeypatch, tmp_path)
+    async with SQLiteDurableTaskStore(path, read_only=True) as store:
+        headers = await store.list_tasks(ListTasksRequest())
+        assert [h.key for h in headers] == ["k"]
+    assert _names(tmp_path) == ["tasks.db"]  # nothing created
+    assert _digest(path) == before
+
+
+async def test_commits_only_in_the_log_of_such_a_directory_are_refused_clearly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The log holds commits the file does not: an immutable read would not see them.
+    source = tmp_path / "src"
+    source.mkdir()
+    writer = SQLiteDurableTaskStore(source / "tasks.db")
+    await writer.create_task(create_request("k", ["n0"]))
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("tasks.db", "tasks.db-wal"):  # as a crashed writer leaves them
+        (copy / name).write_bytes((source / name).read_bytes())
+    await writer.close()
+    _directory_not_writable(monkeypatch, copy)
+    async with SQLiteDurableTaskStore(copy / "tasks.db", read_only=True) as store:
+        with pytest.raises(StoreError, match="is not writable by this user and its "
+                                             "write-ahead log"):
+            await store.list_tasks(ListTasksRequest())
+    assert _names(copy) == ["tasks.db", "tasks.db-wal"]
