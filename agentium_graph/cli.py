@@ -12,16 +12,21 @@ worker can run, it cancels at once). No command creates a database.
 
 Exit codes (:data:`EXIT_CODES`): 0 ok; 1 any other error; 2 usage (a bad option, a bad
 ``--store`` URI or cursor); 3 no task under that key; 4 the store cannot be opened or is
-unavailable. Errors are one line on stderr starting with ``error:``, never a traceback.
+unavailable. Errors, usage errors included, are one line on stderr starting with ``error:``,
+never a traceback. Text from the store or the command line reaches the terminal with the
+characters a terminal acts on (ESC and the other controls) escaped: :func:`_safe`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
+import io
 import json
 import re
 import shlex
+import sys
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -75,7 +80,17 @@ EXIT_CODES: dict[str, int] = {"error": EXIT_ERROR, "usage": EXIT_USAGE,
 DEFAULT_STORE = "sqlite:///agentium.db"
 STATUSES: tuple[str, ...] = get_args(TaskStatus)
 _DIGEST_CHARS = 12
+_MAX_PAGE = 1000  # the most rows a ListTasksRequest may ask for
 _HEX_ID = re.compile(r"^([A-Za-z0-9]+[:_])([0-9a-f]{13,})$")
+# Characters a terminal may act on rather than show: C0 controls, DEL, C1 controls (ESC and
+# CSI start sequences that move the cursor, clear the screen, set the title or open a
+# link), the line and paragraph separators and the bidirectional embeddings, overrides and
+# isolates (which reorder what follows them).
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# Those json.dumps leaves as they are (it escapes only C0 controls, and only in strings,
+# where every character of _UNSAFE can be): --json writes them as \u escapes.
+_UNSAFE_IN_JSON = re.compile(r"[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_NAMED_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
 
 
 # --- errors -----------------------------------------------------------------------------
@@ -92,7 +107,37 @@ def exit_code_for(exc: AgentiumGraphError) -> int:
 
 
 def _one_line(exc: AgentiumGraphError) -> str:
-    return " ".join((str(exc) or exc.code).split())
+    return _safe(" ".join((str(exc) or exc.code).split()))
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    return _NAMED_ESCAPES.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def _safe(text: str) -> str:
+    """``text`` (stored or given by a user) fit for a terminal: each character of
+    :data:`_UNSAFE` shown as its escape (``\\x1b``, ``\\n``, ``\\u202e``), every other
+    character, non-ASCII letters included, as it is. Every human-readable line and table
+    cell goes through it; ``--json`` writes them as JSON escapes (:func:`_emit_json`)."""
+    return _UNSAFE.sub(lambda match: _escape(match[0]), text)
+
+
+def _shown(text: str) -> str:
+    """:func:`_safe`, and on a stdout that is not UTF-8 each character it cannot encode
+    already escaped: a table is laid out with the width it is shown with, and a line that
+    click writes (which re-encodes an ASCII stream as UTF-8) is in the stream's encoding."""
+    text = _safe(text)
+    if not text.isascii() and not _utf8(sys.stdout):
+        encoding = getattr(sys.stdout, "encoding", None) or "ascii"
+        with contextlib.suppress(LookupError):
+            text = text.encode(encoding, "backslashreplace").decode(encoding)
+    return text
+
+
+def _t(text: str, style: str = "") -> Text:
+    """A table cell or line made of stored or user text: :func:`_shown`, never markup."""
+    return Text(_shown(text), style=style)
 
 
 def require_text(**values: str | None) -> None:
@@ -120,12 +165,48 @@ def _text(ctx: click.Context, param: click.Parameter, value: str | None) -> str 
     return value
 
 
+# click >= 8.2 reports a bare command (no subcommand) as this usage error, showing the help.
+_HELP_ERRORS: tuple[type[click.UsageError], ...] = tuple(
+    getattr(click.exceptions, name) for name in ("NoArgsIsHelpError",)
+    if hasattr(click.exceptions, name))
+
+
+class _UsageLine(click.UsageError):
+    """A usage error shown as the CLI shows every error: one ``error:`` line (exit 2)."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {_safe(' '.join(self.message.split()))}", file=file, err=True)
+
+
+def _usage_line(exc: click.UsageError) -> click.UsageError:
+    """click's usage error as one line: its message and where help is, not the usage block
+    (a bare ``agentium-graph``, which prints the help, is left as it is)."""
+    if isinstance(exc, (_UsageLine, *_HELP_ERRORS)):
+        return exc
+    message = exc.format_message().rstrip(".")
+    if message[1:2].islower():  # "Invalid value ..." like the CLI's own messages
+        message = message[0].lower() + message[1:]
+    if exc.ctx is not None:
+        message += f"; see '{exc.ctx.command_path} --help'"
+    return _UsageLine(message, ctx=exc.ctx)
+
+
 class _Group(click.Group):
-    """Reports every SDK error raised by any subcommand as one ``error:`` line on stderr."""
+    """Reports every SDK error raised by any subcommand, and every usage error (a bad option
+    of the group or of a command), as one ``error:`` line on stderr."""
+
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: click.Context | None = None, **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as exc:
+            raise _usage_line(exc) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            raise _usage_line(exc) from None
         except AgentiumGraphError as exc:
             click.echo(f"error: {_one_line(exc)}", err=True)
             ctx.exit(exit_code_for(exc))
@@ -184,7 +265,25 @@ def _hint(config: CliConfig, args: Sequence[str]) -> str:
         words += ["--store", redact(config.store_uri)]
     if config.database is not None:
         words += ["--database", config.database]
-    return shlex.join([*words, *args])
+    return " ".join(_shell_word(word) for word in [*words, *args])
+
+
+def _shell_word(word: str) -> str:
+    """``word`` quoted for a POSIX shell; a word holding a character of :data:`_UNSAFE` is
+    written ``$'...'`` with that character escaped (bash, zsh, ksh, POSIX.1-2024 sh), so the
+    line stays pasteable and never reaches the terminal raw."""
+    if not _UNSAFE.search(word):
+        return shlex.quote(word)
+    chars = []
+    for char in word:
+        if char in "\\'":
+            chars.append("\\" + char)
+        elif _UNSAFE.match(char):
+            # $'\xNN' is one byte: a character past ASCII is \uNNNN (its UTF-8 bytes).
+            chars.append(f"\\x{ord(char):02x}" if ord(char) < 0x80 else f"\\u{ord(char):04x}")
+        else:
+            chars.append(char)
+    return "$'" + "".join(chars) + "'"
 
 
 def _reader(store: DurableTaskStore) -> ExecutionGraphRuntime:
@@ -217,9 +316,29 @@ class CancelOutcome(BaseModel):
     applied: bool = False
 
 
+def _utf8(stream: Any) -> bool:
+    try:
+        return codecs.lookup(getattr(stream, "encoding", None) or "ascii").name == "utf-8"
+    except LookupError:
+        return False
+
+
+def _tolerant_output() -> None:
+    """On a stream that cannot encode every character (``PYTHONIOENCODING=cp1252``, a
+    latin-1 locale), show the others as backslash escapes instead of dying with
+    UnicodeEncodeError half way through a table. JSON is kept valid by ``ensure_ascii``."""
+    for stream in (sys.stdout, sys.stderr):
+        if (isinstance(stream, io.TextIOWrapper) and stream.errors == "strict"
+                and not _utf8(stream)):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def _emit_json(model: BaseModel) -> None:
-    click.echo(json.dumps(model.model_dump(mode="json"), indent=2, sort_keys=True,
-                          ensure_ascii=False))
+    # Non-ASCII characters as \u escapes unless stdout takes UTF-8: valid JSON either way;
+    # the characters a terminal acts on always (the same text once parsed).
+    text = json.dumps(model.model_dump(mode="json"), indent=2, sort_keys=True,
+                      ensure_ascii=not _utf8(sys.stdout))
+    click.echo(_UNSAFE_IN_JSON.sub(lambda match: f"\\u{ord(match[0]):04x}", text))
 
 
 def _console() -> Console:
@@ -249,6 +368,7 @@ def cli(ctx: click.Context, store_uri: str, database: str | None) -> None:
     Exit codes: 0 ok, 1 error, 2 usage (bad option, --store URI or cursor),
     3 unknown task key, 4 store cannot be opened or is unavailable.
     """
+    _tolerant_output()
     given = ctx.get_parameter_source("store_uri") == click.core.ParameterSource.COMMANDLINE
     ctx.obj = CliConfig(store_uri=store_uri, database=database, store_given=given)
 
@@ -263,7 +383,7 @@ def main() -> None:
 @cli.command("list")
 @click.option("--status", type=click.Choice(STATUSES), default=None,
               help="Only tasks with this status.")
-@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True,
+@click.option("--limit", type=click.IntRange(1, _MAX_PAGE), default=50, show_default=True,
               help="At most this many tasks.")
 @click.option("--after", metavar="KEY", callback=_text, default=None,
               help="Only keys sorted after KEY (the next_after of the previous page).")
@@ -274,12 +394,16 @@ def list_command(ctx: click.Context, status: str | None, limit: int, after: str 
     """List tasks in key order, with status, lease and counters."""
 
     async def fetch(store: DurableTaskStore) -> TaskList:
-        # One extra row tells whether another page exists.
+        # One extra row tells whether another page exists; a full page of the store's
+        # largest (1000, which leaves no room for it) asks for the row after its last key.
         request = ListTasksRequest.model_validate(
-            {"status": status, "after": after, "limit": min(limit + 1, 1000)})
+            {"status": status, "after": after, "limit": min(limit + 1, _MAX_PAGE)})
         headers = await store.list_tasks(request)
         page = tuple(headers[:limit])
-        more = len(headers) > limit or (limit == 1000 and len(headers) == 1000)
+        more = len(headers) > limit
+        if not more and len(page) == _MAX_PAGE:
+            more = bool(await store.list_tasks(request.model_copy(
+                update={"after": page[-1].key, "limit": 1})))
         return TaskList(tasks=page, next_after=page[-1].key if more and page else None)
 
     config: CliConfig = ctx.obj
@@ -294,7 +418,7 @@ def list_command(ctx: click.Context, status: str | None, limit: int, after: str 
             args += ["--status", status]
         if ctx.get_parameter_source("limit") == click.core.ParameterSource.COMMANDLINE:
             args += ["--limit", str(limit)]
-        click.echo(f"more: {_hint(config, [*args, '--after', result.next_after])}")
+        click.echo(_shown(f"more: {_hint(config, [*args, '--after', result.next_after])}"))
 
 
 def _render_list(console: Console, result: TaskList, status: str | None) -> None:
@@ -306,8 +430,8 @@ def _render_list(console: Console, result: TaskList, status: str | None) -> None
         f"{len(result.tasks)} task(s)",
         [("key", "id"), ("status", "fixed"), ("fence", "num"), ("lease", "text"),
          ("cancel", "text"), ("attempts", "num"), ("updated", "fixed")],
-        [[Text(h.key), _status(h.status), str(h.fence), _lease(h.lease, now, short=True),
-          Text(h.cancel.reason if h.cancel else "-"),
+        [[_t(h.key), _status(h.status), str(h.fence), _lease(h.lease, now, short=True),
+          _t(h.cancel.reason if h.cancel else "-"),
           str(h.counters.get("work_attempts", 0)), _relative(h.updated_at, now)]
          for h in result.tasks]))
 
@@ -336,20 +460,20 @@ def inspect_command(config: CliConfig, key: str, as_json: bool) -> None:
 
 def _render_view(console: Console, view: TaskView) -> None:
     now = datetime.now(UTC)
-    summary = Table(title=Text(f"task {view.key}"), title_justify="left", show_header=False,
+    summary = Table(title=_t(f"task {view.key}"), title_justify="left", show_header=False,
                     box=None, padding=(0, 2, 0, 0))
     summary.add_column("field", style="bold", no_wrap=True)
     summary.add_column("value")
     program = view.program
     rows: list[tuple[str, Text]] = [
         ("status", _status(view.status)),
-        ("program", Text(f"{program.get('id', '?')}@{program.get('version', '?')}")),
+        ("program", _t(f"{program.get('id', '?')}@{program.get('version', '?')}")),
         ("revision", Text(str(view.revision))),
         ("fence", Text(str(view.fence))),
         ("lease", _lease(view.lease, now)),
         ("deadline", _deadline(view.deadline, now)),
-        ("cancel", Text(f"requested {_when(view.cancel.requested_at)}: {view.cancel.reason}"
-                        if view.cancel else "-")),
+        ("cancel", _t(f"requested {_when(view.cancel.requested_at)}: {view.cancel.reason}"
+                      if view.cancel else "-")),
         ("error", _error(view.error)),
         ("actions", Text(f"{len(view.actions)} total, {len(view.pending_actions)} pending, "
                          f"{len(view.uncertain_actions)} uncertain")),
@@ -365,10 +489,10 @@ def _render_view(console: Console, view: TaskView) -> None:
         summary.add_row(name, value)
     console.print(summary)
     for problem in view.problems:
-        console.print(Text(f"  problem: {problem}", style="red"))
+        console.print(_t(f"  problem: {problem}", style="red"))
     if view.planner is not None and view.planner.state != "planned":
         for diagnostic in view.planner.last_diagnostics:
-            console.print(Text(f"  last rejection: {diagnostic}", style="yellow"))
+            console.print(_t(f"  last rejection: {diagnostic}", style="yellow"))
     console.print(_counters_table(view.counters, view.limits))
     console.print(_nodes_table(_plan_order(view.nodes)))
     if view.actions:
@@ -379,11 +503,11 @@ def _planner(planner: PlannerView) -> Text:
     provider = planner.provider
     style = {"planned": "green", "failed": "bold red", "canceled": "yellow"}.get(
         planner.state, "cyan")
-    text = Text(planner.state, style=style)
-    text.append(f": {planner.proposals} proposal(s), {planner.rejected} rejected "
+    text = _t(planner.state, style=style)
+    text.append(_safe(f": {planner.proposals} proposal(s), {planner.rejected} rejected "
                 f"(max corrections {planner.max_corrections}), {planner.calls} call(s), "
                 f"{planner.mode} mode, provider "
-                f"{provider.get('id', '?')}@{provider.get('version', '?')}")
+                f"{provider.get('id', '?')}@{provider.get('version', '?')}"))
     return text
 
 
@@ -394,7 +518,7 @@ def _counters_table(counters: dict[str, int], limits: dict[str, int | None]) -> 
     for name in names:
         used, limit = counters.get(name, 0), limits.get(name)
         over = limit is not None and used > limit
-        rows.append([name, Text(str(used), style="bold red" if over else ""),
+        rows.append([_t(name), Text(str(used), style="bold red" if over else ""),
                      "-" if limit is None else str(limit)])
     return _table("counters (used / limit)",
                   [("counter", "fixed"), ("used", "num"), ("limit", "num")], rows)
@@ -420,8 +544,8 @@ def _nodes_table(nodes: Iterable[NodeView]) -> Table:
         "nodes",
         [("node", "id"), ("state", "fixed"), ("binding", "id"), ("attempts", "id"),
          ("output", "fixed"), ("error", "text")],
-        [[Text(node.node_id), _state(node.state), Text(f"{node.binding}@{node.version}"),
-          _attempts(node.attempts), Text(_short(node.output_digest)), _error(node.error)]
+        [[_t(node.node_id), _state(node.state), _t(f"{node.binding}@{node.version}"),
+          _attempts(node.attempts), _t(_short(node.output_digest)), _error(node.error)]
          for node in nodes])
 
 
@@ -430,8 +554,8 @@ def _actions_table(view: TaskView) -> Table:
         "actions",
         [("action", "fixed"), ("node", "id"), ("state", "fixed"), ("fence", "num"),
          ("outcome", "text")],
-        [[Text(_short(a.action_id)), Text(a.node_id), _state(a.state), str(a.fence),
-          Text(a.outcome_source or _short(a.outcome_digest))] for a in view.actions])
+        [[_t(_short(a.action_id)), _t(a.node_id), _state(a.state), str(a.fence),
+          _t(a.outcome_source or _short(a.outcome_digest))] for a in view.actions])
 
 
 # --- cancel -------------------------------------------------------------------------------
@@ -472,7 +596,7 @@ def cancel_command(config: CliConfig, key: str, reason: str, as_json: bool) -> N
     if as_json:
         _emit_json(outcome)
     else:
-        click.echo(_cancel_message(outcome))
+        click.echo(_shown(_cancel_message(outcome)))
 
 
 def _cancel_message(outcome: CancelOutcome) -> str:
@@ -530,7 +654,7 @@ def timeline_command(ctx: click.Context, key: str, limit: int, cursor: str | Non
         args = ["timeline", page.key]
         if ctx.get_parameter_source("limit") == click.core.ParameterSource.COMMANDLINE:
             args += ["--limit", str(limit)]
-        click.echo(f"more: {_hint(config, [*args, '--cursor', page.next_cursor])}")
+        click.echo(_shown(f"more: {_hint(config, [*args, '--cursor', page.next_cursor])}"))
 
 
 def _render_timeline(console: Console, page: TimelinePage) -> None:
@@ -542,8 +666,8 @@ def _render_timeline(console: Console, page: TimelinePage) -> None:
         f"timeline of {page.key}: {len(page.events)} of {page.total} event(s){on} (UTC)",
         [("seq", "num"), ("at", "fixed"), ("kind", "fixed"), ("node", "id"), ("fence", "num"),
          ("data", "text")],
-        [[str(e.seq), stamp[11:] if on else stamp, Text(e.kind), Text(e.node_id or "-"),
-          "-" if e.fence is None else str(e.fence), Text(_compact(e.data))]
+        [[str(e.seq), stamp[11:] if on else stamp, _t(e.kind), _t(e.node_id or "-"),
+          "-" if e.fence is None else str(e.fence), _t(_compact(e.data))]
          for e, stamp in zip(page.events, stamps, strict=True)]))
 
 
@@ -557,7 +681,7 @@ _STATE_STYLES = {"completed": "green", "confirmed": "green", "running": "cyan",
 
 
 def _status(status: str) -> Text:
-    return Text(status, style=_STATE_STYLES.get(status, ""))
+    return _t(status, style=_STATE_STYLES.get(status, ""))
 
 
 _state = _status
@@ -567,16 +691,18 @@ def _table(title: str, columns: list[tuple[str, str]], rows: list[list[Text | st
     """A table whose columns are ``fixed`` (never wrap), ``num``, ``id`` or ``text``.
 
     On a narrow terminal rich folds ``text`` columns first; ``id`` columns (keys, node ids)
-    keep up to 16 characters on a line.
+    keep up to 16 characters on a line. A ``str`` cell is shown as text (never markup),
+    through :func:`_safe` like the title; a ``Text`` cell is built with :func:`_t`.
     """
-    table = Table(title=Text(title), title_justify="left", box=box.SIMPLE_HEAD)
+    cells = [[_t(cell) if isinstance(cell, str) else cell for cell in row] for row in rows]
+    table = Table(title=_t(title), title_justify="left", box=box.SIMPLE_HEAD)
     for index, (name, kind) in enumerate(columns):
-        widest = max([len(name), *(len(str(row[index])) for row in rows)])
+        widest = max([len(name), *(len(row[index].plain) for row in cells)])
         table.add_column(name, justify="right" if kind == "num" else "left",
                          no_wrap=kind in ("fixed", "num"),
                          overflow="fold" if kind == "text" else "ellipsis",
                          min_width=min(widest, 16) if kind == "id" else None)
-    for row in rows:
+    for row in cells:
         table.add_row(*row)
     return table
 
@@ -618,8 +744,8 @@ def _lease(lease: LeaseRecord | None, now: datetime, *, short: bool = False) -> 
     expired = lease.expires_at <= now
     state = "expired" if expired else "held"
     if short:
-        return Text(f"{lease.owner} ({state})", style="dim" if expired else "")
-    return Text(f"{lease.owner}, fence {lease.fence}, {state}: expires "
+        return _t(f"{lease.owner} ({state})", style="dim" if expired else "")
+    return _t(f"{lease.owner}, fence {lease.fence}, {state}: expires "
                 f"{_when(lease.expires_at)} ({_relative(lease.expires_at, now)})",
                 style="dim" if expired else "")
 
@@ -635,14 +761,15 @@ def _deadline(deadline: datetime | None, now: datetime) -> Text:
 def _attempts(attempts: Sequence[AttemptRecord]) -> Text:
     if not attempts:
         return Text("-")
-    return Text("\n".join(f"#{a.number} fence {a.fence} {a.outcome or 'in progress'}"
+    # One line per attempt: the only newlines a cell holds are these.
+    return Text("\n".join(_safe(f"#{a.number} fence {a.fence} {a.outcome or 'in progress'}")
                           for a in attempts))
 
 
 def _error(error: ErrorInfo | None) -> Text:
     if error is None:
         return Text("-")
-    return Text(f"{error.code}: {error.message}", style="red")
+    return _t(f"{error.code}: {error.message}", style="red")
 
 
 def _short(value: str | None) -> str:

@@ -4,6 +4,7 @@ mid-graph, recover in a fresh process, and report what was reused and what resta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shlex
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from agentium_graph import DurableTaskStore, ExecutionGraphRuntime, TaskView
@@ -45,10 +47,31 @@ async def worker_main(uri: str, key: str, worker: str, delay: float,
         await store.close()
 
 
-def _spawn(uri: str, delay: float, call_log: Path) -> subprocess.Popen[str]:
+def _spawn(uri: str, delay: float, call_log: Path, workdir: Path, name: str,
+           workers: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    """Start a worker process, recorded in ``workers`` so it is stopped however the demo
+    ends. Its output goes to files in ``workdir`` (a pipe nobody reads while the demo waits
+    could fill and stall it)."""
     cmd = [sys.executable, "-m", "agentium_graph.demo", "--store", uri, "--key", KEY,
            "--worker", WORKER, "--delay", str(delay), "--call-log", str(call_log)]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with open(workdir / f"{name}.out", "wb") as out, open(workdir / f"{name}.err", "wb") as err:
+        process = subprocess.Popen(cmd, stdout=out, stderr=err)
+    workers.append(process)
+    return process
+
+
+def _output(workdir: Path, name: str, stream: str) -> str:
+    return (workdir / f"{name}.{stream}").read_text(encoding="utf-8", errors="replace")
+
+
+def stop_workers(workers: list[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL and reap every worker still running (a worker's progress is durable: the
+    next run of the task recovers it). Idempotent."""
+    for process in workers:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+        process.wait()
 
 
 async def _completed(store: DurableTaskStore) -> int:
@@ -56,9 +79,55 @@ async def _completed(store: DurableTaskStore) -> int:
     return 0 if snap is None else sum(n.state == "completed" for n in snap.nodes.values())
 
 
-async def run_demo(uri: str | None, kill_after: int, delay: float,
-                   console: Console) -> int:
-    workdir = Path(tempfile.mkdtemp(prefix="agentium-demo-"))
+class Stopped(Exception):
+    """The demo was stopped by a signal (SIGTERM, SIGHUP) after stopping its workers."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+async def run_demo(uri: str | None, kill_after: int, delay: float, console: Console,
+                   workers: list[subprocess.Popen[bytes]] | None = None) -> int:
+    """Run the walkthrough; returns the exit code. Whatever ends it (an error, Ctrl-C,
+    SIGTERM or SIGHUP: :class:`Stopped`), the worker processes it started are killed and
+    reaped, and the temporary directory it made (with its database, unless ``--store``
+    named one) is removed. ``workers`` (optional) collects the worker processes for a
+    caller's own last-resort cleanup."""
+    workers = [] if workers is None else workers
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    received: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        received.append(signum)
+        task.cancel()
+
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    for signum in previous:
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        with tempfile.TemporaryDirectory(prefix="agentium-demo-",
+                                         ignore_cleanup_errors=True) as tmp:
+            try:
+                return await _walkthrough(uri, kill_after, delay, console, Path(tmp), workers)
+            finally:
+                # Before the directory goes: a worker still running has its files open.
+                stop_workers(workers)
+    except asyncio.CancelledError:
+        if received:
+            raise Stopped(received[0]) from None
+        raise
+    finally:
+        for signum, handler in previous.items():
+            loop.remove_signal_handler(signum)
+            signal.signal(signum, handler)
+
+
+async def _walkthrough(uri: str | None, kill_after: int, delay: float, console: Console,
+                       workdir: Path, workers: list[subprocess.Popen[bytes]]) -> int:
+    temporary = uri is None
     uri = uri or f"sqlite:///{workdir / 'demo.db'}"
     call_log = workdir / "executions.log"
     store = open_demo_store(uri)
@@ -75,36 +144,42 @@ async def run_demo(uri: str | None, kill_after: int, delay: float,
         runtime = ExecutionGraphRuntime(catalog=build_catalog(), store=store,
                                         require_durable=True)
         await runtime.create(KEY, build_program())
-        console.print(f"[bold]agentium-graph demo[/]  store: {redact(uri)}")
+        console.print(f"[bold]agentium-graph demo[/]  store: {escape(redact(uri))}"
+                      + (" (temporary: removed when the demo ends)" if temporary else ""))
         console.print(f"task {KEY!r}: 7 pure tools, one fan-out of 4 and a join\n")
 
-        first = _spawn(uri, delay, call_log)
+        first = _spawn(uri, delay, call_log, workdir, "first", workers)
         console.print(f"1. worker process {first.pid} runs the graph ...")
         started = time.monotonic()
         while await _completed(store) < kill_after:
             if first.poll() is not None:
-                raise RuntimeError(f"worker exited early: {first.communicate()[1]}")
+                raise RuntimeError(f"worker exited early: {_output(workdir, 'first', 'err')}")
             if time.monotonic() - started > 60:
-                first.kill()
                 raise RuntimeError("worker made no progress in 60 s")
             await asyncio.sleep(0.02)
         os.kill(first.pid, signal.SIGKILL)
-        first.communicate()
+        first.wait()
         crashed = await runtime.inspect(KEY)
         done = sum(n.state == "completed" for n in crashed.nodes.values())
         running = sorted(n for n, v in crashed.nodes.items() if v.state == "running")
         console.print(f"2. [red]SIGKILL[/] sent to worker {first.pid} after {done} nodes "
                       f"completed; interrupted while running: {', '.join(running) or 'none'}")
 
-        second = _spawn(uri, delay, call_log)
+        second = _spawn(uri, delay, call_log, workdir, "second", workers)
         console.print(f"3. fresh worker process {second.pid} calls run({KEY!r}, "
                       f"{WORKER!r}) and recovers ...")
         t0 = time.monotonic()
-        out, err = second.communicate(timeout=120)
+        try:
+            async with asyncio.timeout(120):
+                # Canceled (Ctrl-C, SIGTERM), the thread ends when stop_workers kills it.
+                await asyncio.to_thread(second.wait)
+        except TimeoutError:
+            raise RuntimeError("recovery worker did not finish in 120 s") from None
         elapsed = time.monotonic() - t0
         if second.returncode != 0:
-            raise RuntimeError(f"recovery worker failed: {err.strip()}")
-        result = json.loads(out.strip().splitlines()[-1])
+            raise RuntimeError(
+                f"recovery worker failed: {_output(workdir, 'second', 'err').strip()}")
+        result = json.loads(_output(workdir, "second", "out").strip().splitlines()[-1])
         final = await runtime.inspect(KEY)
         console.print(f"   recovered in {elapsed:.2f} s (process start included)\n")
         _report(console, crashed, final, read_call_log(call_log))
@@ -114,8 +189,12 @@ async def run_demo(uri: str | None, kill_after: int, delay: float,
         ok = final.status == "completed" and final.verified and not reran
         console.print(f"\nno completed node re-ran: {'yes' if not reran else 'NO: ' + str(reran)}"
                       f"; data verified: {final.verified}")
-        console.print("inspect it yourself: " + shlex.join(
-            ["agentium-graph", "--store", redact(uri), "inspect", KEY]), markup=False)
+        if temporary:
+            console.print("to inspect a run afterwards, give it a store to keep: "
+                          "agentium-graph demo --store sqlite:///demo.db", markup=False)
+        else:
+            console.print("inspect it yourself: " + shlex.join(
+                ["agentium-graph", "--store", redact(uri), "inspect", KEY]), markup=False)
         return 0 if ok else 1
     finally:
         await store.close()
