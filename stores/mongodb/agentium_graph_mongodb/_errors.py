@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from bson.errors import BSONError, InvalidDocument
@@ -73,6 +74,47 @@ class TransientStoreError(StoreUnavailableError):
     """A failure that may pass on its own; retried (bounded, jittered) by the store."""
 
     code = "store_transient"
+
+
+class RedoSideWrites(Exception):
+    """A compare-and-set met a transient failure: the server may have restarted and lost
+    side records it had acknowledged, so they must be inserted again before it is retried.
+    ``last`` is the failure."""
+
+    def __init__(self, last: TransientStoreError) -> None:
+        super().__init__(str(last))
+        self.last = last
+
+
+class FailureWatch:
+    """How many transient failures the driver calls of one transition met."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+_WATCH: ContextVar[FailureWatch | None] = ContextVar("agentium_graph_mongodb_watch",
+                                                     default=None)
+
+
+@contextmanager
+def watching_failures() -> Iterator[FailureWatch]:
+    """Count the transient failures of the driver calls made inside the block (the tasks
+    it starts, which copy the context, included)."""
+    watch = FailureWatch()
+    token = _WATCH.set(watch)
+    try:
+        yield watch
+    finally:
+        _WATCH.reset(token)
+
+
+def note_transient_failure() -> None:
+    watch = _WATCH.get()
+    if watch is not None:
+        watch.count += 1
 
 
 def bounded(text: str, limit: int = _DRIVER_TEXT_CAP) -> str:

@@ -19,6 +19,7 @@ from pymongo import AsyncMongoClient, ReadPreference, ReturnDocument, WriteConce
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import ConfigurationError as PyMongoConfigurationError
 from pymongo.errors import DuplicateKeyError, PyMongoError
+from pymongo.uri_parser import split_options
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -27,7 +28,7 @@ from tenacity import (
 )
 
 from agentium_graph._otel import traced_store
-from agentium_graph.errors import ConfigurationError
+from agentium_graph.errors import ConfigurationError, StoreError
 from agentium_graph.store import (
     AcquireLeaseRequest,
     CancelTaskRequest,
@@ -58,17 +59,18 @@ from agentium_graph_mongodb._codec import (
 )
 from agentium_graph_mongodb._doc import DocCache
 from agentium_graph_mongodb._errors import (
+    RedoSideWrites,
     TransientStoreError,
     bounded,
     closed_error,
     mapped_errors,
+    note_transient_failure,
     retries_exhausted,
 )
 from agentium_graph_mongodb._ops import Counters, Session
 
 T = TypeVar("T")
 DEFAULT_WRITE_CONCERN = WriteConcern(w="majority", j=True)
-CLIENT_BULK_WIRE_VERSION = 25  # MongoDB 8.0: the bulkWrite command across collections
 #: The largest blob (an output, plan, input or error text, as UTF-8 bytes) the store
 #: promises to persist. A blob document is ``{_id: "sha256:<64 hex>", v: 1, body: <text>}``:
 #: about 110 bytes of BSON around the text, far below the 64 KiB kept in reserve here
@@ -139,7 +141,27 @@ class MongoDBDurableTaskStore:
     ``retry_max_wait_s``; then the call raises :class:`~agentium_graph.StoreUnavailableError`
     and the task stays recoverable. ``cas_attempts`` bounds the re-reads after losing a
     compare-and-set race. ``cache_size``: how many task documents the store keeps to skip
-    the read before a write (0 disables it); ``stats`` counts round trips.
+    the read before a write (0 disables it); ``stats`` counts round trips. A URI's options
+    are checked at construction: an unknown option or a malformed value (say
+    ``serverSelectionTimeoutMS=abc``) is a :class:`~agentium_graph.ConfigurationError`, not a
+    driver warning followed by the driver's own 30 s default. A client the store creates
+    does not use the driver's retryable writes (``retryWrites=false`` unless the URI sets
+    it): the store retries itself, re-inserting a commit's blobs and journal entries before
+    it retries the compare-and-set that makes them visible.
+
+    Reads only read: ``get_header``, ``get_task``, ``list_tasks``, ``read_timeline``... check
+    the database's ``meta`` document (its schema version) with a read and never write, so
+    a user with MongoDB's ``read`` role can inspect tasks. The first write of a store stamps
+    the ``meta`` document and creates the indexes (so a fresh database is created then).
+
+    ``read_only=True``: only read. The database must already hold an agentium-graph store
+    (its ``meta`` document): a database without one (a mistyped name) is refused with a
+    :class:`~agentium_graph.StoreError` (``details["reason"] == "no_store"``) and nothing is
+    created; every mutating operation raises :class:`~agentium_graph.StoreError` without
+    any I/O. This is how the ``agentium-graph`` CLI's ``list``, ``inspect`` and
+    ``timeline`` open a store. ``create=False``: a writing store that refuses, the same
+    way, a database that holds no agentium-graph store instead of creating one (the CLI's
+    ``cancel`` and ``resolve``).
     """
 
     def __init__(self, uri_or_client: str | AsyncMongoClient[dict[str, Any]], *,
@@ -148,8 +170,14 @@ class MongoDBDurableTaskStore:
                  server_selection_timeout_s: float = 5.0, connect_timeout_s: float = 5.0,
                  socket_timeout_s: float = 20.0, retries: int = 3,
                  retry_max_wait_s: float = 1.0, cas_attempts: int = 20,
-                 cache_size: int = 256) -> None:
+                 cache_size: int = 256, read_only: bool = False, create: bool = True) -> None:
         _check_database_name(database)
+        if not isinstance(read_only, bool) or not isinstance(create, bool):
+            raise ConfigurationError(
+                f"read_only and create must be True or False, got read_only={read_only!r}, "
+                f"create={create!r}", details={"argument": "read_only/create"})
+        self._read_only = read_only
+        self._create = create and not read_only
         if not isinstance(write_concern, WriteConcern) or not write_concern.acknowledged:
             raise ConfigurationError(
                 "write_concern must be an acknowledged pymongo WriteConcern, for example "
@@ -203,7 +231,8 @@ class MongoDBDurableTaskStore:
         self._counters = Counters()
         self._loops: dict[asyncio.AbstractEventLoop, _LoopState] = {}
         self._loops_lock = threading.Lock()
-        self._client_bulk: bool | None = None  # set once the database is prepared
+        self._checked = False   # the meta document was read and its version accepted
+        self._prepared = False  # the meta document is stamped and the indexes exist
         self._closed = False
 
     # --- properties ----------------------------------------------------------------------
@@ -220,6 +249,11 @@ class MongoDBDurableTaskStore:
         return self._write_concern
 
     @property
+    def read_only(self) -> bool:
+        """Whether the store only reads (``read_only=True``)."""
+        return self._read_only
+
+    @property
     def stats(self) -> MongoDBStoreStats:
         """A snapshot of the store's counters (see :class:`MongoDBStoreStats`)."""
         c = self._counters
@@ -227,11 +261,18 @@ class MongoDBDurableTaskStore:
                                  c.cas_misses, c.cache_hits, c.orphans_reclaimed)
 
     def __repr__(self) -> str:
-        return f"MongoDBDurableTaskStore({self._where})"
+        mode = ", read_only=True" if self._read_only else "" if self._create else \
+            ", create=False"
+        return f"MongoDBDurableTaskStore({self._where}{mode})"
 
     # --- plumbing ------------------------------------------------------------------------
-    async def _io(self, op: str, fn: Callable[[], Awaitable[T]], *, write: bool = False) -> T:
-        """Run one driver call: errors mapped, transient ones retried (bounded, jittered)."""
+    async def _io(self, op: str, fn: Callable[[], Awaitable[T]], *, write: bool = False,
+                  redo: bool = False) -> T:
+        """Run one driver call: errors mapped, transient ones retried (bounded, jittered).
+
+        ``redo``: instead of retrying after a transient failure, raise
+        :class:`RedoSideWrites` (a compare-and-set must not be retried before the side
+        records it makes visible are inserted again: the server may have lost them)."""
         if self._closed:
             raise closed_error(self._where)
         counters = self._counters
@@ -247,16 +288,24 @@ class MongoDBDurableTaskStore:
             wait=wait_random_exponential(multiplier=0.05, max=self._retry_max_wait_s),
             retry=retry_if_exception_type(TransientStoreError), reraise=True)
         attempts = 0
+        last: TransientStoreError | None = None
         try:
             async for attempt in retrying:
                 with attempt:
                     attempts += 1
-                    counters.round_trips += 1
                     if attempts > 1:
+                        if redo:
+                            assert last is not None
+                            raise RedoSideWrites(last)
                         counters.transient_retries += 1
+                    counters.round_trips += 1
                     try:
                         with mapped_errors(op, self._where):
                             return await fn()
+                    except TransientStoreError as exc:
+                        last = exc
+                        note_transient_failure()
+                        raise
                     finally:
                         _redeliver_cancel(task, cancels)
         except TransientStoreError as exc:
@@ -304,11 +353,18 @@ class MongoDBDurableTaskStore:
         """The running event loop's cache of task documents."""
         return self._state().cache
 
-    async def _ready(self) -> Session:
-        """The running loop's session, after creating the indexes and checking the schema
-        (once per store, whichever loop comes first)."""
+    async def _ready(self, op: str | None = None) -> Session:
+        """The running loop's session, once the database is fit for the call: for a read
+        (``op`` None) its meta document was read and its schema accepted; for a write
+        (``op`` names it) the meta document is stamped and the indexes exist (once per
+        store, whichever loop comes first)."""
+        if op is not None and self._read_only:
+            raise StoreError(
+                f"MongoDB store ({self._where}): {op} writes, but this store was opened "
+                "read-only (read_only=True); open it without read_only to change tasks "
+                "(nothing was written)", details={"where": self._where, "op": op})
         state = self._state()
-        if state.session is not None:
+        if state.session is not None and (self._prepared or (op is None and self._checked)):
             if self._closed:
                 raise closed_error(self._where)
             return state.session
@@ -324,10 +380,13 @@ class MongoDBDurableTaskStore:
                 db: AsyncDatabase[dict[str, Any]] = state.client.get_database(
                     self._database_name, codec_options=_CODEC_OPTIONS,
                     write_concern=self._write_concern, read_preference=ReadPreference.PRIMARY)
-                if self._client_bulk is None:
-                    self._client_bulk = await self._prepare(db)
                 state.session = Session(db, self._io, self._counters, state.cache,
-                                        self._cas_attempts, self._client_bulk)
+                                        self._cas_attempts, self._retries)
+            if op is not None and not self._prepared:
+                await self._prepare(state.session.db)
+                self._prepared = self._checked = True
+            elif op is None and not self._checked:
+                self._checked = await self._check(state.session.db)
             return state.session
 
     def _forget(self, state: _LoopState) -> None:
@@ -335,36 +394,60 @@ class MongoDBDurableTaskStore:
             if self._loops.get(state.loop) is state:
                 del self._loops[state.loop]
 
-    async def _prepare(self, db: AsyncDatabase[dict[str, Any]]) -> bool:
-        """Stamp/check the schema, create the indexes; whether client bulkWrite works."""
-        meta = db[META]
+    def _no_store(self) -> StoreError:
+        mode = "read_only=True" if self._read_only else "create=False"
+        return StoreError(
+            f"MongoDB store ({self._where}): the database {self._database_name!r} holds no "
+            f"agentium-graph store (it has no agentium-graph-mongodb meta document) and this "
+            f"store does not create one ({mode}); check the database name (database=..., the "
+            "CLI's --database or the URI's path) and the URI. Nothing was created",
+            details={"where": self._where, "database": self._database_name,
+                     "reason": "no_store"})
 
-        async def stamp() -> dict[str, Any] | None:
-            try:
-                found = await meta.find_one_and_update(
-                    {"_id": META_ID},
-                    {"$setOnInsert": {"v": SCHEMA_VERSION,
-                                      "application": "agentium-graph-mongodb"}},
-                    upsert=True, return_document=ReturnDocument.AFTER)
-            except DuplicateKeyError:  # two stores stamping a new database at once
-                found = None
-            if found is None:
-                # Racing upserts: the loser may get a duplicate key, or (on some servers)
-                # no post-image at all. The winner's document is there: read it.
-                found = await meta.find_one({"_id": META_ID})
-            return found
-        found = await self._io("open (check schema)", stamp, write=True)
-        check_version(found or {}, f"the meta document of {self._where}")
+    async def _check(self, db: AsyncDatabase[dict[str, Any]]) -> bool:
+        """Read (never write) the meta document and refuse a newer or foreign schema;
+        whether it exists. A store that may create the database reads a database without
+        one as empty; one that may not (read_only, create=False) refuses it."""
+        found = await self._io("open (check schema)",
+                               lambda: db[META].find_one({"_id": META_ID}))
+        if found is None:
+            if not self._create:
+                raise self._no_store()
+            return False
+        check_version(found, f"the meta document of {self._where}")
+        return True
+
+    async def _prepare(self, db: AsyncDatabase[dict[str, Any]]) -> None:
+        """Before the first write: stamp (or, with create=False, require) the meta document,
+        check the schema, create the indexes."""
+        meta = db[META]
+        if not self._create:
+            await self._check(db)
+        else:
+            async def stamp() -> dict[str, Any] | None:
+                try:
+                    found = await meta.find_one_and_update(
+                        {"_id": META_ID},
+                        {"$setOnInsert": {"v": SCHEMA_VERSION,
+                                          "application": "agentium-graph-mongodb"}},
+                        upsert=True, return_document=ReturnDocument.AFTER)
+                except DuplicateKeyError:  # two stores stamping a new database at once
+                    found = None
+                if found is None:
+                    # Racing upserts: the loser may get a duplicate key, or (on some
+                    # servers) no post-image at all. The winner's document is there.
+                    found = await meta.find_one({"_id": META_ID})
+                return found
+            found = await self._io("open (check schema)", stamp, write=True)
+            check_version(found or {}, f"the meta document of {self._where}")
         await self._io("open (create indexes)", lambda: db[TASKS].create_index(
             [("header.status", 1), ("_id", 1)], name="by_status"), write=True)
         await self._io("open (create indexes)", lambda: db[JOURNAL].create_index(
             [("k", 1), ("s", 1)], unique=True, name="by_task_seq"), write=True)
-        hello = await self._io("open (hello)", lambda: db.command("hello"))
-        return int(hello.get("maxWireVersion", 0)) >= CLIENT_BULK_WIRE_VERSION
 
     # --- DurableTaskStore ------------------------------------------------------------------
     async def create_task(self, request: CreateTaskRequest) -> CreateTaskResult:
-        return await (await self._ready()).create_task(request)
+        return await (await self._ready("create_task")).create_task(request)
 
     async def get_header(self, key: str) -> TaskHeader | None:
         return await (await self._ready()).get_header(key)
@@ -379,19 +462,19 @@ class MongoDBDurableTaskStore:
         return await (await self._ready()).list_tasks(request)
 
     async def acquire_lease(self, request: AcquireLeaseRequest) -> LeaseGrant:
-        return await (await self._ready()).acquire(request)
+        return await (await self._ready("acquire_lease")).acquire(request)
 
     async def renew_lease(self, request: RenewLeaseRequest) -> LeaseStatus:
-        return await (await self._ready()).renew(request)
+        return await (await self._ready("renew_lease")).renew(request)
 
     async def release_lease(self, request: ReleaseLeaseRequest) -> TaskHeader:
-        return await (await self._ready()).release(request)
+        return await (await self._ready("release_lease")).release(request)
 
     async def request_cancel(self, request: CancelTaskRequest) -> TaskHeader:
-        return await (await self._ready()).cancel(request)
+        return await (await self._ready("request_cancel")).cancel(request)
 
     async def commit(self, request: CommitRequest) -> CommitResult:
-        return await (await self._ready()).commit(request)
+        return await (await self._ready("commit")).commit(request)
 
     async def get_blobs(self, digests: Sequence[str]) -> dict[str, str]:
         if not digests:
@@ -553,7 +636,9 @@ def _check_database_name(name: object) -> None:
 def _client_from_uri(uri: str, server_selection_timeout_s: float, connect_timeout_s: float,
                      socket_timeout_s: float) -> AsyncMongoClient[dict[str, Any]]:
     try:
-        given = {name.lower() for name, _ in parse_qsl(urlsplit(uri).query)}
+        query = urlsplit(uri).query
+        _check_options(query)
+        given = {name.lower() for name, _ in parse_qsl(query)}
         options: dict[str, Any] = {}
         for name, seconds in (("serverSelectionTimeoutMS", server_selection_timeout_s),
                               ("connectTimeoutMS", connect_timeout_s),
@@ -562,6 +647,10 @@ def _client_from_uri(uri: str, server_selection_timeout_s: float, connect_timeou
                 options[name] = max(1, int(seconds * 1000))
         if "appname" not in given:
             options["appname"] = "agentium-graph-mongodb"
+        if "retrywrites" not in given:
+            # The store retries a compare-and-set itself, after inserting its side records
+            # again; a driver retry would skip that (see Session._transition).
+            options["retryWrites"] = False
         # AsyncMongoClient does no I/O here: it connects (and resolves SRV) on first use.
         return AsyncMongoClient(uri, **options)
     except (PyMongoConfigurationError, ValueError, TypeError) as exc:
@@ -570,6 +659,25 @@ def _client_from_uri(uri: str, server_selection_timeout_s: float, connect_timeou
             f"invalid MongoDB URI {_redact(uri)!r}: {reason}; expected "
             "mongodb://[user:password@]host[:port][/?options] or mongodb+srv://host/",
             details={"uri": _redact(uri), "argument": "uri_or_client"}) from None
+
+
+def _check_options(query: str) -> None:
+    """Refuse an unknown URI option or a malformed value, naming the option (not its value,
+    which may be a secret). pymongo only warns and goes on without it: with
+    ``serverSelectionTimeoutMS=abc`` an unreachable server would be reported after the
+    driver's 30 s default instead of the store's 5 s."""
+    if not query:
+        return
+    try:
+        split_options(query, validate=True, warn=False)
+    except (PyMongoConfigurationError, ValueError, TypeError) as exc:
+        for name, value in parse_qsl(query, keep_blank_values=True):
+            try:
+                split_options(f"{name}={value}", validate=True, warn=False)
+            except (PyMongoConfigurationError, ValueError, TypeError):
+                raise ValueError(f"URI option {name!r} is unknown or has a malformed value "
+                                 f"({exc})") from None
+        raise
 
 
 def _without_password(uri: str, text: str) -> str:

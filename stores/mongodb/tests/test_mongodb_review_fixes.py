@@ -357,7 +357,7 @@ async def test_retries_zero_fails_after_one_attempt(
     server-selection timeout instead of retrying."""
     async def unreachable(*args: Any, **kwargs: Any) -> Any:
         raise ServerSelectionTimeoutError("no servers")
-    monkeypatch.setattr(AsyncCollection, "find_one_and_update", unreachable)
+    monkeypatch.setattr(AsyncCollection, "find_one", unreachable)  # a read only reads
     store = MongoDBDurableTaskStore(mongodb_uri, database="nowhere", retries=0)
     try:
         with pytest.raises(StoreUnavailableError) as info:
