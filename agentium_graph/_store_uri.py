@@ -154,7 +154,10 @@ def open_store_uri(uri: str, *, database: str | None = None, must_exist: bool = 
     a MongoDB store then makes one attempt per operation (``retries=0``), so an unreachable
     server is reported after its server selection timeout. ``read_only=True`` opens a
     SQLite file read-only (``SQLiteDurableTaskStore(..., read_only=True)``: nothing is
-    created, converted or migrated; for MongoDB it has no effect). A store whose package
+    created, converted or migrated), and a MongoDB database with
+    ``MongoDBDurableTaskStore(..., read_only=True)`` (no write is sent; a database without
+    an agentium-graph store is refused and left uncreated). ``must_exist`` without
+    ``read_only`` opens a MongoDB store with ``create=False`` likewise. A store whose package
     is not installed raises StoreError saying which package to install.
     """
     parsed = parse_store_uri(uri, database=database)
@@ -188,7 +191,10 @@ def open_store_uri(uri: str, *, database: str | None = None, must_exist: bool = 
     # A command fails fast (must_exist: the CLI): one attempt within the store's 5 s server
     # selection, not the retries a long-running worker wants; the user can run it again.
     retries: dict[str, int] = {"retries": 0} if must_exist else {}
-    store = cls(parsed.uri, database=parsed.database, **retries)
+    # As for SQLite: a read-only store only reads, and neither creates a database that holds
+    # no store (a typo'd name) nor writes to one; must_exist refuses such a database.
+    options = {"read_only": True} if read_only else {"create": False} if must_exist else {}
+    store = cls(parsed.uri, database=parsed.database, **retries, **options)
     return store
 
 

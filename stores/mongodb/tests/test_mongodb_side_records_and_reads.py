@@ -334,3 +334,28 @@ async def test_a_large_create_under_the_limit_can_still_progress(
     fence = (await store.acquire_lease(acquire_request("k"))).fence
     await store.commit(commit_request("k", fence, [StartAttempt(node_id="a", attempt_id="1")]))
     await store.commit(_settle(fence, '{"value":5}'))
+
+
+@pytest.mark.parametrize("read_only", [True, False], ids=["list-inspect-timeline", "cancel"])
+async def test_the_clis_store_of_a_mistyped_database_creates_nothing(
+        mongodb_uri: str, mongodb_server: Any, read_only: bool) -> None:
+    # How the CLI opens a store (agentium_graph._store_uri): read_only for its reading
+    # commands, must_exist (create=False) for cancel and resolve.
+    from agentium_graph._store_uri import open_store_uri
+
+    name = f"agt_cli_typo_{free_port()}"
+    try:
+        store = open_store_uri(mongodb_uri, database=name, must_exist=True,
+                               read_only=read_only)
+        try:
+            with pytest.raises(StoreError) as info:
+                await store.list_tasks(ListTasksRequest())
+            assert info.value.details["reason"] == "no_store"
+            if not read_only:
+                with pytest.raises(StoreError):
+                    await store.create_task(create_request("k"))
+        finally:
+            await store.close()
+        assert name not in await _databases(mongodb_uri)
+    finally:
+        mongodb_server.drop_database(name)
