@@ -317,3 +317,22 @@ def test_help_is_still_help() -> None:
     assert result.exit_code == 0 and "Usage:" in result.stdout
     bare = CliRunner().invoke(cli, [])
     assert "Commands:" in bare.output
+
+
+def test_a_demo_whose_worker_fails_is_one_error_line_with_the_workers_stderr(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentium_graph.demo import _demo
+
+    def failing(uri: str, delay: float, call_log: Path, workdir: Path, name: str,
+                workers: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+        with open(workdir / f"{name}.out", "wb") as out, \
+                open(workdir / f"{name}.err", "wb") as err:
+            process = subprocess.Popen(
+                [sys.executable, "-c", "import sys; sys.stderr.write('worker boom'); "
+                                       "sys.exit(3)"], stdout=out, stderr=err)
+        workers.append(process)
+        return process
+
+    monkeypatch.setattr(_demo, "_spawn", failing)
+    result = CliRunner().invoke(cli, ["demo", "--store", f"sqlite:///{tmp_path / 'd.db'}"])
+    one_line_error(result, 1, "worker exited early", "worker boom")

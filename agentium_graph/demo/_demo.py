@@ -23,10 +23,17 @@ from rich.table import Table
 from agentium_graph import DurableTaskStore, ExecutionGraphRuntime, TaskView
 from agentium_graph._store_uri import open_store_uri, redact
 from agentium_graph.demo.pipeline import build_catalog, build_program, read_call_log
-from agentium_graph.errors import ConfigurationError
+from agentium_graph.errors import AgentiumGraphError, ConfigurationError
 
 KEY = "order-review:ord-1042"
 WORKER = "demo-worker"
+
+
+class DemoFailedError(AgentiumGraphError):
+    """The demo's own run went wrong (a worker exited early, made no progress or failed to
+    recover): reported by the CLI as one ``error:`` line with the worker's stderr."""
+
+    code = "demo_failed"
 
 
 def open_demo_store(uri: str) -> DurableTaskStore:
@@ -153,9 +160,9 @@ async def _walkthrough(uri: str | None, kill_after: int, delay: float, console: 
         started = time.monotonic()
         while await _completed(store) < kill_after:
             if first.poll() is not None:
-                raise RuntimeError(f"worker exited early: {_output(workdir, 'first', 'err')}")
+                raise DemoFailedError(f"worker exited early: {_output(workdir, 'first', 'err')}")
             if time.monotonic() - started > 60:
-                raise RuntimeError("worker made no progress in 60 s")
+                raise DemoFailedError("worker made no progress in 60 s")
             await asyncio.sleep(0.02)
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
@@ -174,10 +181,10 @@ async def _walkthrough(uri: str | None, kill_after: int, delay: float, console: 
                 # Canceled (Ctrl-C, SIGTERM), the thread ends when stop_workers kills it.
                 await asyncio.to_thread(second.wait)
         except TimeoutError:
-            raise RuntimeError("recovery worker did not finish in 120 s") from None
+            raise DemoFailedError("recovery worker did not finish in 120 s") from None
         elapsed = time.monotonic() - t0
         if second.returncode != 0:
-            raise RuntimeError(
+            raise DemoFailedError(
                 f"recovery worker failed: {_output(workdir, 'second', 'err').strip()}")
         result = json.loads(_output(workdir, "second", "out").strip().splitlines()[-1])
         final = await runtime.inspect(KEY)
