@@ -240,6 +240,20 @@ class ToolBinding(_BindingBase):
                 if not hasattr(self.connector, attr):
                     raise ValueError(f"tool {self.id!r}: connector lacks {attr!r}; it must "
                                      "implement DurableActionConnector")
+            for attr in ("id", "version"):
+                value = getattr(self.connector, attr)
+                if not isinstance(value, str) or not value:
+                    raise ValueError(f"tool {self.id!r}: connector {attr} must be a non-empty "
+                                     f"string, not {value!r}")
+            flag = self.connector.idempotent_destination
+            if not isinstance(flag, bool):
+                # Tested for truth when an effect's outcome is unknown: a string "false"
+                # would be true, and the effect dispatched again to a destination that does
+                # not deduplicate.
+                raise ValueError(
+                    f"tool {self.id!r}: connector {self.connector.id!r} has "
+                    f"idempotent_destination={flag!r} ({type(flag).__name__}); it must be "
+                    "True or False (convert a setting read from text, e.g. == 'true')")
             for method in ("dispatch", "resolve_result"):
                 # The runtime awaits both: a plain def would run the effect and then fail
                 # the node (after the fact) instead of being refused here.

@@ -185,7 +185,9 @@ async def _dispatch(run: TaskRun, node: NodeSpec, connector: Any, request: Actio
             if runtime_cancelled():
                 raise  # the run abandons its work: the next run reconciles it
             failure = exc  # the connector's own code let a cancellation escape
-        except Exception as exc:
+        except (KeyboardInterrupt, SystemExit):
+            raise  # the process is going down: the next run reconciles the action
+        except BaseException as exc:  # any other: the effect may have happened; reconcile
             failure = exc
         if failure is not None:  # dispatch failed or timed out: did it take effect?
             return await _failed(run, node, connector, action, failure, permit)
@@ -259,7 +261,9 @@ async def reconcile(run: TaskRun, connector: Any,
                 if runtime_cancelled():
                     raise
                 return Unknown(reason="lookup failed: it raised CancelledError itself")
-            except Exception as exc:
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:  # a connector's failure, whatever its class
                 return Unknown(reason=f"lookup failed: {type(exc).__name__}: {exc}")
         if isinstance(verdict, ActionOutcome | Absent | Unknown):
             return verdict
