@@ -8,7 +8,10 @@ port unless ``port=`` is given) in a background thread and serves a tiny payment
                          same key, same body -> 200 + "Idempotent-Replayed: true", the stored
                                                 response; no new acceptance
                          same key, other body-> 422; nothing accepted
-    GET /charges/{key}   200 + the stored response, or 404 if the key was never accepted
+                         same key while a post with it is still in flight -> 409
+    GET /charges/{key}   200 + the stored response; 409 while a post with that key is
+                         still in flight (arrived, not yet accepted or refused); 404 only
+                         if the key was never accepted and is not in flight
 
 It counts acceptances per key, and fault switches (each for the next ``n`` requests, or
 every request until :meth:`~IdempotentTestServer.reset_faults` when ``n=None``) make it
@@ -58,6 +61,7 @@ class ServerState:
     accepted: dict[str, int] = field(default_factory=dict)
     responses: dict[str, Any] = field(default_factory=dict)
     replays: int = 0
+    in_flight: dict[str, int] = field(default_factory=dict)
 
     @property
     def accepted_count(self) -> int:
@@ -72,7 +76,8 @@ def read_server_state(path: str | os.PathLike[str]) -> ServerState:
 
 
 def _empty() -> dict[str, Any]:
-    return {"format": 1, "seq": 0, "records": {}, "accepted": {}, "replays": 0}
+    return {"format": 1, "seq": 0, "records": {}, "accepted": {}, "replays": 0,
+            "in_flight": {}}
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -103,7 +108,22 @@ def _to_state(raw: dict[str, Any]) -> ServerState:
     return ServerState(accepted=dict(raw["accepted"]),
                        responses={k: copy.deepcopy(r["response"])
                                   for k, r in raw["records"].items()},
-                       replays=int(raw["replays"]))
+                       replays=int(raw["replays"]),
+                       in_flight=dict(raw.get("in_flight", {})))
+
+
+def _enter_flight(data: dict[str, Any], key: str) -> None:
+    flights = data.setdefault("in_flight", {})
+    flights[key] = flights.get(key, 0) + 1
+
+
+def _leave_flight(data: dict[str, Any], key: str) -> None:
+    flights = data.setdefault("in_flight", {})
+    left = flights.get(key, 0) - 1
+    if left > 0:
+        flights[key] = left
+    else:
+        flights.pop(key, None)
 
 
 def _digest(body: Any) -> str:
@@ -375,11 +395,25 @@ class IdempotentTestServer:
         fault = self._take("fail_posts")
         if fault is not None:
             return fault.status, _error("unavailable", "try again later"), "respond"
-        fault = self._take("hang_posts_before")
-        if fault is not None:
-            self._hang(fault)
+        hang = self._take("hang_posts_before")
         digest = _digest(body)
+        if hang is not None:
+            # The key is in flight from the moment the request arrives: lookups answer 409
+            # until it is accepted or refused, never 404 (contract rule 3). A post that
+            # never completes (a server process killed while holding it) stays in flight,
+            # persisted with state_path=, so it can never pass for an absent key.
+            with self._transaction(write=True) as data:
+                if self.dedupe and key in data.setdefault("in_flight", {}):
+                    return 409, _in_flight(key), "respond"
+                _enter_flight(data, key)
+            self._hang(hang)
+        # Without a hang, arrival and acceptance happen in this one transaction: no lookup
+        # can fall between them, so the key needs no in-flight mark.
         with self._transaction(write=True) as data:
+            if hang is not None:
+                _leave_flight(data, key)
+            elif self.dedupe and key in data.setdefault("in_flight", {}):
+                return 409, _in_flight(key), "respond"
             record = data["records"].get(key)
             if self.dedupe and record is not None:
                 if record["digest"] != digest:
@@ -415,9 +449,12 @@ class IdempotentTestServer:
             self._hang(fault)
         with self._transaction(write=False) as data:
             record = data["records"].get(key)
-        if record is None:
-            return 404, _error("not_found", f"no request with idempotency key {key!r}")
-        return 200, record["response"]
+            flying = key in data.get("in_flight", {})
+        if record is not None:
+            return 200, record["response"]
+        if flying:
+            return 409, _in_flight(key)
+        return 404, _error("not_found", f"no request with idempotency key {key!r}")
 
     def _track(self, conn: socket.socket, opened: bool) -> None:
         with self._cond:
@@ -429,6 +466,11 @@ class IdempotentTestServer:
 
 def _error(code: str, message: str) -> dict[str, Any]:
     return {"error": {"code": code, "message": message}}
+
+
+def _in_flight(key: str) -> dict[str, Any]:
+    return _error("idempotency_key_in_flight", f"a request with idempotency key {key!r} is "
+                  "still being processed; try again later")
 
 
 class _Server(ThreadingHTTPServer):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import threading
@@ -12,8 +13,8 @@ import httpx
 import pytest
 from http_support import make_request
 
-from agentium_graph import ActionOutcome
-from agentium_graph_http import HttpNetworkError
+from agentium_graph import ActionOutcome, Unknown
+from agentium_graph_http import HttpNetworkError, HttpTimeoutError
 from agentium_graph_http.testing import IdempotentTestServer, read_server_state
 
 
@@ -166,3 +167,101 @@ async def test_a_failing_on_accept_hook_loses_the_response_and_is_reported() -> 
     assert server.accepted_count == 1
     assert len(server.server_errors) == 1
     assert "harness hook failed" in server.server_errors[0]
+
+
+def _post_in_thread(server: IdempotentTestServer, body: object, key: str,
+                    out: list[int]) -> threading.Thread:
+    def post() -> None:
+        with httpx.Client(timeout=30) as client:
+            out.append(_post(client, server, body, key).status_code)
+
+    thread = threading.Thread(target=post)
+    thread.start()
+    return thread
+
+
+def test_a_key_is_in_flight_from_arrival_until_accepted(server: IdempotentTestServer) -> None:
+    server.hang_posts(1)  # held before accepting
+    statuses: list[int] = []
+    thread = _post_in_thread(server, {"amount": 1}, "k1", statuses)
+    try:
+        server.wait_for_hung(1, timeout=10)
+        with httpx.Client() as client:
+            looked = client.get(f"{server.url}/charges/k1")
+            again = _post(client, server, {"amount": 1}, "k1")
+            other = client.get(f"{server.url}/charges/k2")
+        assert server.state().in_flight == {"k1": 1}
+    finally:
+        server.release_hung()
+        thread.join(timeout=30)
+
+    assert looked.status_code == 409  # never 404 while the create may still happen
+    assert looked.json()["error"]["code"] == "idempotency_key_in_flight"
+    assert again.status_code == 409  # a second create with the key is not accepted
+    assert other.status_code == 404
+    assert statuses == [201]
+    assert server.accepted_counts() == {"k1": 1}
+    assert server.state().in_flight == {}
+    with httpx.Client() as client:
+        assert client.get(f"{server.url}/charges/k1").status_code == 200
+
+
+async def test_a_slow_create_is_never_looked_up_as_absent(server: IdempotentTestServer
+                                                          ) -> None:
+    # The client gives up while the server still holds the create: the lookup must not
+    # prove absence, since the charge is applied once the server goes on.
+    async with server.connector(idempotent_destination=False, timeout_s=0.2) as connector:
+        request = make_request()
+        server.hang_posts(1)
+        try:
+            with pytest.raises(HttpTimeoutError):
+                await connector.dispatch(request)
+            await asyncio.to_thread(server.wait_for_hung, 1, timeout=10)
+            result = await connector.resolve_result(request.result_ref)
+        finally:
+            server.release_hung()
+        assert isinstance(result, Unknown) and "409" in result.reason
+        await asyncio.to_thread(server.wait_for_accepted, 1, timeout=10)
+        assert isinstance(await connector.resolve_result(request.result_ref), ActionOutcome)
+    assert server.accepted_for(request.action_id) == 1
+
+
+def test_in_flight_keys_are_shared_through_the_state_file(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.json"
+    statuses: list[int] = []
+    with IdempotentTestServer(state_path=path) as first, \
+            IdempotentTestServer(state_path=path) as second:
+        first.hang_posts(1)
+        thread = _post_in_thread(first, {"amount": 1}, "k1", statuses)
+        try:
+            first.wait_for_hung(1, timeout=10)
+            with httpx.Client() as client:
+                assert client.get(f"{second.url}/charges/k1").status_code == 409
+                assert _post(client, second, {"amount": 1}, "k1").status_code == 409
+            assert read_server_state(path).in_flight == {"k1": 1}
+        finally:
+            first.release_hung()
+            thread.join(timeout=30)
+    assert statuses == [201]
+    state = read_server_state(path)
+    assert (state.accepted, state.in_flight) == ({"k1": 1}, {})
+
+
+def test_a_create_that_never_completes_stays_in_flight(tmp_path: Path) -> None:
+    # A state file left by a server that died while holding a create (as a SIGKILLed
+    # process would leave it): the key is in flight for good, never absent.
+    path = tmp_path / "ledger.json"
+    path.write_text(json.dumps({"format": 1, "seq": 0, "records": {}, "accepted": {},
+                                "replays": 0, "in_flight": {"k1": 1}}), "utf-8")
+    with IdempotentTestServer(state_path=path) as server, httpx.Client() as client:
+        assert client.get(f"{server.url}/charges/k1").status_code == 409
+        assert client.get(f"{server.url}/charges/k2").status_code == 404
+
+
+def test_a_state_file_without_in_flight_still_loads(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.json"
+    path.write_text(json.dumps({"format": 1, "seq": 0, "records": {}, "accepted": {},
+                                "replays": 0}), "utf-8")
+    with IdempotentTestServer(state_path=path) as server, httpx.Client() as client:
+        assert _post(client, server, {"amount": 1}, "k1").status_code == 201
+    assert read_server_state(path).accepted == {"k1": 1}
