@@ -8,8 +8,12 @@ from urllib.parse import quote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
+# Always fullmatch: "$" would also match before a trailing newline.
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+# RFC 9110 field content, ASCII only: visible characters, with spaces or tabs between them.
+_FIELD_VALUE = re.compile(r"(?:[\x21-\x7e](?:[\x20\x21-\x7e\t]*[\x21-\x7e])?)?")
+DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 
 
 class HttpConnectorConfig(BaseModel):
@@ -23,9 +27,12 @@ class HttpConnectorConfig(BaseModel):
     that path. Use one connector (with its own ``id``) per resource.
 
     ``headers`` are static request headers (e.g. ``Authorization``); they are never shown
-    in ``repr`` or in error messages. ``dispatch_attempts`` applies only when
-    ``idempotent_destination`` is true: only then is resending a POST with the same key
-    safe. ``lookup_attempts`` bounds lookup retries (GETs are always safe to repeat).
+    in ``repr`` or in error messages (their values are redacted from quoted response
+    bodies too), and must be valid HTTP field content: visible ASCII, with spaces or tabs
+    between. ``max_response_bytes`` bounds the decoded body read from any response.
+    ``dispatch_attempts`` applies only when ``idempotent_destination`` is true: only then
+    is resending a POST with the same key safe. ``lookup_attempts`` bounds lookup retries
+    (GETs are always safe to repeat).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -45,6 +52,8 @@ class HttpConnectorConfig(BaseModel):
     lookup_attempts: int = Field(default=1, ge=1, le=10)
     retry_wait_s: float = Field(default=0.25, ge=0, le=60)
     retry_max_wait_s: float = Field(default=5.0, ge=0, le=300)
+    max_response_bytes: int = Field(default=DEFAULT_MAX_RESPONSE_BYTES, ge=1024,
+                                    le=1024 * 1024 * 1024)
 
     @field_validator("base_url")
     @classmethod
@@ -74,12 +83,17 @@ class HttpConnectorConfig(BaseModel):
         if path.count("{key}") != 1 or path.replace("{key}", "").count("{"):
             raise ValueError(f"{value!r} must contain '{{key}}' exactly once and no other "
                              "placeholder, e.g. '/charges/{key}'")
+        if "?" in path or "#" in path:
+            # Like base_url: a query may carry secrets, and lookup URLs land in Unknown
+            # reasons and logs; pass credentials in headers= instead.
+            raise ValueError("lookup_path_template must be a plain path without a query or "
+                             "a fragment, e.g. '/charges/{key}'")
         return path
 
     @field_validator("idempotency_header")
     @classmethod
     def _check_header_name(cls, value: str) -> str:
-        if not _TOKEN.match(value):
+        if not _TOKEN.fullmatch(value):
             raise ValueError(f"{value!r} is not a valid header name")
         return value
 
@@ -87,10 +101,13 @@ class HttpConnectorConfig(BaseModel):
     @classmethod
     def _check_headers(cls, value: dict[str, str]) -> dict[str, str]:
         for name, text in value.items():
-            if not _TOKEN.match(name):
+            if not _TOKEN.fullmatch(name):
                 raise ValueError(f"header name {name!r} is not valid")
-            if "\r" in text or "\n" in text:
-                raise ValueError(f"header {name!r}: values must not contain line breaks")
+            if not _FIELD_VALUE.fullmatch(text):
+                # Never quote the value: it is usually a secret, and this message is shown.
+                raise ValueError(f"header {name!r}: the value is not valid HTTP field content "
+                                 "(visible ASCII characters, with spaces or tabs only "
+                                 "between them; no control characters or non-ASCII)")
         return dict(value)
 
     @model_validator(mode="after")
@@ -116,6 +133,17 @@ class HttpConnectorConfig(BaseModel):
     def lookup_url(self, key: str) -> str:
         return self.base_url + self.lookup_path_template.replace("{key}", quote(key, safe=""))
 
+    def secrets(self) -> tuple[str, ...]:
+        """Texts to redact from anything quoted back from a server: the static header
+        values and their longer words (a server may echo just the token of ``Bearer t``)."""
+        found: set[str] = set()
+        for text in self.headers.values():
+            flat = " ".join(text.split())
+            if flat:
+                found.add(flat)
+            found.update(word for word in flat.split() if len(word) >= 8)
+        return tuple(sorted(found, key=len, reverse=True))
+
     @property
     def effective_lookup_timeout_s(self) -> float:
         return self.lookup_timeout_s if self.lookup_timeout_s is not None else self.timeout_s
@@ -123,4 +151,4 @@ class HttpConnectorConfig(BaseModel):
 
 def valid_key(key: str) -> bool:
     """Whether ``key`` can travel as a header value: 1-255 visible ASCII characters."""
-    return bool(_KEY.match(key))
+    return bool(_KEY.fullmatch(key))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import weakref
 from collections.abc import Mapping
 from types import TracebackType
@@ -21,11 +22,18 @@ from agentium_graph.connectors import (
     Unknown,
 )
 from agentium_graph.errors import ConfigurationError, config_error
-from agentium_graph_http._config import HttpConnectorConfig, valid_key
+from agentium_graph_http._config import (
+    DEFAULT_MAX_RESPONSE_BYTES,
+    HttpConnectorConfig,
+    valid_key,
+)
 from agentium_graph_http._errors import (
     HttpConnectorError,
     HttpResponseError,
+    HttpResponseTooLargeError,
     HttpTransientError,
+    Reply,
+    build_error,
     excerpt,
     status_error,
     transport_error,
@@ -47,7 +55,9 @@ class HttpActionConnector:
     Construct it with keyword options (mirroring :class:`HttpConnectorConfig`) or from a
     config with :meth:`from_config`. Pass ``client=`` to share a caller-owned, pooling
     ``httpx.AsyncClient`` (never closed here), or ``transport=`` to give the owned client
-    a custom transport (closed with it). The owned client is created on first use in the
+    a custom transport (closed with it); whatever the client, redirects are never followed
+    (a redirect could carry the static headers to another host, or turn a POST into a GET
+    whose 404 would look like proof of absence). The owned client is created on first use in the
     running event loop, keeps no idle connections (so successive loops, e.g. ``asyncio.run``
     per call, are safe; each loop gets its own client) and is closed by :meth:`aclose` or
     ``async with connector:``; the connector stays usable after closing.
@@ -65,6 +75,7 @@ class HttpActionConnector:
                  lookup_timeout_s: float | None = None, idempotent_destination: bool = True,
                  dispatch_attempts: int = 3, lookup_attempts: int = 1,
                  retry_wait_s: float = 0.25, retry_max_wait_s: float = 5.0,
+                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
                  client: httpx.AsyncClient | None = None,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         options: dict[str, Any] = {
@@ -74,7 +85,8 @@ class HttpActionConnector:
             "timeout_s": timeout_s, "lookup_timeout_s": lookup_timeout_s,
             "idempotent_destination": idempotent_destination,
             "dispatch_attempts": dispatch_attempts, "lookup_attempts": lookup_attempts,
-            "retry_wait_s": retry_wait_s, "retry_max_wait_s": retry_max_wait_s}
+            "retry_wait_s": retry_wait_s, "retry_max_wait_s": retry_max_wait_s,
+            "max_response_bytes": max_response_bytes}
         try:
             config = HttpConnectorConfig(**options)
         except ValidationError as exc:
@@ -86,6 +98,7 @@ class HttpActionConnector:
         self.id = config.id
         self.version = config.version
         self.idempotent_destination = config.idempotent_destination
+        self._secrets = config.secrets()
         self._shared = client
         self._transport = transport
         self._owned: httpx.AsyncClient | None = None
@@ -228,28 +241,51 @@ class HttpActionConnector:
         return self._owned
 
     async def _send(self, method: str, url: str, body: bytes | None,
-                    headers: Mapping[str, str], timeout_s: float) -> httpx.Response:
-        """One request, bounded as a whole by ``timeout_s``; failures come out typed."""
+                    headers: Mapping[str, str], timeout_s: float) -> Reply:
+        """One request, bounded as a whole by ``timeout_s``; failures come out typed.
+
+        Redirects are never followed, even by a caller's client that would, and at most
+        ``max_response_bytes`` of the decoded body are read.
+        """
         client = self._client()
         try:
+            request = client.build_request(method, url, content=body, headers=dict(headers),
+                                           timeout=httpx.Timeout(timeout_s))
+        except Exception as exc:  # e.g. a header the client cannot encode: never sent
+            raise build_error(exc, url, method) from exc
+        try:
             async with asyncio.timeout(timeout_s):
-                return await client.request(method, url, content=body, headers=dict(headers),
-                                            timeout=httpx.Timeout(timeout_s))
+                response = await client.send(request, stream=True, follow_redirects=False)
+                try:
+                    return await _read(response, self.config.max_response_bytes)
+                finally:
+                    await response.aclose()
         except Exception as exc:  # CancelledError is a BaseException and passes through
-            raise transport_error(exc, url, method, timeout_s) from exc
+            raise transport_error(exc, url, method, timeout_s, self._secrets) from exc
 
-    def _body(self, response: httpx.Response, url: str, what: str) -> Any:
+    def _body(self, response: Reply, url: str, what: str) -> Any:
         if not response.is_success:
-            raise status_error(response, url, what)
+            raise status_error(response, url, what, self._secrets)
+        if response.truncated:
+            limit = self.config.max_response_bytes
+            body = excerpt(response.text, self._secrets)
+            raise HttpResponseTooLargeError(
+                f"{what} {url} returned HTTP {response.status} with a body larger than "
+                f"max_response_bytes={limit}, so it was not read: {body!r}; the server "
+                "accepted the request, so check it there and record the outcome with "
+                "runtime.resolve_action", url=url, status=response.status,
+                may_have_taken_effect=True, body_excerpt=body,
+                details={"max_response_bytes": limit})
         try:
             return _parse_json(response.content)
         except ValueError as exc:
+            body = excerpt(response.text, self._secrets)
             raise HttpResponseError(
-                f"{what} {url} returned HTTP {response.status_code} but its body is not JSON "
-                f"({exc}): {excerpt(response.text)!r}; the server accepted the request, so "
-                "check it there and record the outcome with runtime.resolve_action",
-                url=url, status=response.status_code, may_have_taken_effect=True,
-                body_excerpt=excerpt(response.text)) from None
+                f"{what} {url} returned HTTP {response.status} but its body is not JSON "
+                f"({exc}): {body!r}; the server accepted the request, so check it there and "
+                "record the outcome with runtime.resolve_action",
+                url=url, status=response.status, may_have_taken_effect=True,
+                body_excerpt=body) from None
 
     async def _lookup_once(self, url: str, key: str) -> ActionOutcome | Absent | Unknown:
         cfg = self.config
@@ -259,15 +295,19 @@ class HttpActionConnector:
             response = await self._send("GET", url, None, headers, timeout_s)
         except HttpConnectorError as exc:
             return Unknown(reason=f"lookup failed ({exc.code}): {exc}")
-        if response.status_code == 404:
+        if response.status == 404:
             return Absent()
         if not response.is_success:
-            return Unknown(reason=f"lookup GET {url} returned HTTP {response.status_code}: "
-                           f"{excerpt(response.text)!r}")
+            return Unknown(reason=f"lookup GET {url} returned HTTP {response.status}: "
+                           f"{excerpt(response.text, self._secrets)!r}")
+        if response.truncated:
+            return Unknown(reason=f"lookup GET {url} returned HTTP {response.status} with a "
+                           "body larger than max_response_bytes="
+                           f"{cfg.max_response_bytes}, so it was not read")
         try:
             return ActionOutcome(output=_parse_json(response.content), result_ref=key)
         except ValueError as exc:
-            return Unknown(reason=f"lookup GET {url} returned HTTP {response.status_code} "
+            return Unknown(reason=f"lookup GET {url} returned HTTP {response.status} "
                            f"with a body that is not JSON ({exc})")
 
     def _backoff(self, attempt: int, retry_after_s: object) -> float:
@@ -282,10 +322,41 @@ def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
 
 
-def _parse_json(content: bytes) -> Any:
-    """Strict JSON: no NaN/Infinity; empty, undecodable or too deeply nested is an error."""
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses as inf
+        raise ValueError(f"{text[:40]} does not fit a finite float")
+    return value
+
+
+async def _read(response: httpx.Response, limit: int) -> Reply:
+    """Read at most ``limit`` decoded bytes of ``response``'s body (a gzip body counts as
+    inflated); the rest is never read and the connection is closed by the caller."""
+    data = bytearray()
+    truncated = False
+    chunks = response.aiter_bytes()
     try:
-        return json.loads(content, parse_constant=_reject_constant)
+        async for chunk in chunks:
+            room = limit - len(data)
+            if len(chunk) > room:
+                data += chunk[:room]
+                truncated = True
+                break
+            data += chunk
+    finally:
+        close = getattr(chunks, "aclose", None)  # an async generator: finish it here
+        if close is not None:
+            await close()
+    return Reply(status=response.status_code, headers=response.headers, content=bytes(data),
+                 truncated=truncated, charset=response.charset_encoding)
+
+
+def _parse_json(content: bytes) -> Any:
+    """Strict JSON: no NaN/Infinity (nor numbers too large for a finite float); empty,
+    undecodable or too deeply nested is an error."""
+    try:
+        return json.loads(content, parse_constant=_reject_constant,
+                          parse_float=_finite_float)
     except RecursionError:
         raise ValueError("the JSON is nested too deeply") from None
 

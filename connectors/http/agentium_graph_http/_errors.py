@@ -15,16 +15,25 @@ Every failure of :meth:`HttpActionConnector.dispatch` leaves the package as one 
         ├── HttpRejectedError               http_rejected: another 3xx/4xx; retrying the same
         │                                   request cannot succeed
         └── HttpResponseError               http_bad_response: a 2xx whose body is not JSON
+            │                               (or a 303 See Other after a POST/PUT)
+            └── HttpResponseTooLargeError   http_response_too_large: a 2xx whose body is
+                                            larger than max_response_bytes
 
 Every error carries ``may_have_taken_effect``: ``False`` only when the request provably
 did not reach the server's handler (connect failure, a 4xx/429 rejection, a local
-refusal). When it is ``True`` the caller must reconcile with ``resolve_result`` before it
-could ever send the request again.
+refusal, a request that could not even be built). When it is ``True`` the caller must
+reconcile with ``resolve_result`` before it could ever send the request again.
+
+Messages never quote static header values: text quoted back from a server is redacted
+(:func:`redact`), and the text of an exception raised while building or framing a request
+(which may quote a header) is never copied, only its type name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -88,9 +97,48 @@ class HttpRejectedError(HttpConnectorError):
 
 
 class HttpResponseError(HttpConnectorError):
-    """A 2xx whose body is not JSON: the server accepted, but the outcome is unreadable."""
+    """A 2xx whose body is not JSON: the server accepted, but the outcome is unreadable.
+
+    Also raised for a ``303 See Other`` answering a POST/PUT: the server has most likely
+    processed the request and points elsewhere for the result, which is not followed.
+    """
 
     code = "http_bad_response"
+
+
+class HttpResponseTooLargeError(HttpResponseError):
+    """A 2xx whose body exceeds ``max_response_bytes``: accepted, outcome not read."""
+
+    code = "http_response_too_large"
+
+
+REDACTED = "[redacted]"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A response read under the ``max_response_bytes`` bound.
+
+    ``content`` holds at most that many decoded bytes; ``truncated`` says the body was
+    longer and the rest was never read.
+    """
+
+    status: int
+    headers: httpx.Headers
+    content: bytes
+    truncated: bool = False
+    charset: str | None = None
+
+    @property
+    def is_success(self) -> bool:
+        return 200 <= self.status < 300
+
+    @property
+    def text(self) -> str:
+        try:
+            return self.content.decode(self.charset or "utf-8", errors="replace")
+        except LookupError:  # an unknown charset
+            return self.content.decode("utf-8", errors="replace")
 
 
 # Statuses that say "not now" rather than "never". 409/425: a request with the same key
@@ -99,26 +147,49 @@ _TRANSIENT_STATUSES = frozenset({408, 409, 425, 429})
 _NOT_APPLIED_STATUSES = frozenset({408, 429})
 
 
-def excerpt(text: str) -> str:
-    """A short, single-line excerpt of a response body for error messages."""
-    flat = " ".join(text.split())
+def redact(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` with every one of ``secrets`` (longest first) replaced by ``[redacted]``."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+def excerpt(text: str, secrets: Iterable[str] = ()) -> str:
+    """A short, single-line, redacted excerpt of a response body for error messages.
+
+    Redaction runs on the whole flattened text before it is cut, so a secret spanning the
+    cut is not left half visible (``secrets`` are compared whitespace-collapsed).
+    """
+    flat = redact(" ".join(text.split()), secrets)
     return flat if len(flat) <= EXCERPT_CHARS else flat[:EXCERPT_CHARS] + "..."
 
 
-def retry_after(response: httpx.Response) -> float | None:
+def retry_after(response: Reply) -> float | None:
     """``Retry-After`` in seconds when given as a number (dates are ignored)."""
     value = response.headers.get("retry-after")
     try:
-        return max(0.0, float(value)) if value is not None else None
+        seconds = float(value) if value is not None else None
     except ValueError:
         return None
+    # "inf"/"nan"/"1e999" parse as floats but are no wait, and would not journal as JSON.
+    return max(0.0, seconds) if seconds is not None and math.isfinite(seconds) else None
 
 
-def status_error(response: httpx.Response, url: str, what: str) -> HttpConnectorError:
+def status_error(response: Reply, url: str, what: str,
+                 secrets: Iterable[str] = ()) -> HttpConnectorError:
     """The typed error for a non-2xx ``response`` to ``what`` (e.g. ``"POST"``)."""
-    status = response.status_code
-    body = excerpt(response.text)
+    status = response.status
+    body = excerpt(response.text, secrets)
     where = f"{what} {url} returned HTTP {status}"
+    if status == 303 and what != "GET":
+        # See Other after a POST/PUT is how many APIs say "done, the result is over there":
+        # the request was most likely processed, and the other location is not followed.
+        return HttpResponseError(
+            f"{where} (See Other): {body!r}; the server most likely applied it and points "
+            "to the result elsewhere, which this connector does not follow; the runtime "
+            "reconciles by looking the key up", url=url, status=status,
+            may_have_taken_effect=True, body_excerpt=body)
     if status >= 500 or status in _TRANSIENT_STATUSES:
         applied = status not in _NOT_APPLIED_STATUSES
         hint = ("the server may have applied it; the runtime reconciles by looking the key "
@@ -133,11 +204,23 @@ def status_error(response: httpx.Response, url: str, what: str) -> HttpConnector
         url=url, status=status, body_excerpt=body)
 
 
-def transport_error(exc: Exception, url: str, what: str,
-                    timeout_s: float) -> HttpConnectorError:
+def build_error(exc: Exception, url: str, what: str) -> HttpConnectorError:
+    """A request that could not even be built was never sent.
+
+    The exception's text is not copied: it may quote a header value (a secret).
+    """
+    return HttpConnectorError(
+        f"{what} {url}: the request could not be built ({type(exc).__name__}); it was never "
+        "sent; check base_url, the paths and the static headers", url=url)
+
+
+def transport_error(exc: Exception, url: str, what: str, timeout_s: float,
+                    secrets: Iterable[str] = ()) -> HttpConnectorError:
     """Map an exception raised while sending ``what`` to ``url`` into the typed tree.
 
-    Only connect-phase failures prove the request never reached the server.
+    Only connect-phase failures (and requests refused while being framed) prove the
+    request never reached the server. Only network errors quote their text (redacted):
+    a framing error or an unexpected exception may quote a header value.
     """
     name = type(exc).__name__
     unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout |
@@ -149,14 +232,14 @@ def transport_error(exc: Exception, url: str, what: str,
             url=url, may_have_taken_effect=not unsent, details={"timeout_s": timeout_s})
     if isinstance(exc, httpx.LocalProtocolError | httpx.InvalidURL):
         return HttpConnectorError(
-            f"{what} {url}: the request could not be built ({name}: {exc}); check "
-            "base_url, the paths and the static headers", url=url)
+            f"{what} {url}: the request could not be built ({name}); it was never sent; "
+            "check base_url, the paths and the static headers", url=url)
     if isinstance(exc, httpx.TransportError):
         return HttpNetworkError(
-            f"{what} {url} failed: {name}: {exc}; "
+            f"{what} {url} failed: {name}: {redact(str(exc), secrets)}; "
             + ("it was never sent" if unsent else "the connection ended before a response, "
                "so the server may have applied it"),
             url=url, may_have_taken_effect=not unsent)
     return HttpNetworkError(
-        f"{what} {url} failed unexpectedly: {name}: {exc}; the server may have applied it",
+        f"{what} {url} failed unexpectedly ({name}); the server may have applied it",
         url=url, may_have_taken_effect=True)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
 import inspect
 import json
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -18,6 +20,7 @@ from agentium_graph_http import (
     HttpNetworkError,
     HttpRejectedError,
     HttpResponseError,
+    HttpResponseTooLargeError,
     HttpServerError,
     HttpTimeoutError,
     HttpTransientError,
@@ -82,6 +85,9 @@ async def test_no_raw_exception_escapes(exc: Exception, expected: type[HttpConne
     (425, HttpServerError, True), (429, HttpServerError, False), (408, HttpServerError, False),
     (400, HttpRejectedError, False), (401, HttpRejectedError, False),
     (404, HttpRejectedError, False), (302, HttpRejectedError, False),
+    (307, HttpRejectedError, False),
+    # See Other after a POST: processed, the result is elsewhere (not followed).
+    (303, HttpResponseError, True),
 ])
 async def test_status_mapping(status: int, expected: type[HttpConnectorError],
                               maybe_applied: bool) -> None:
@@ -99,7 +105,8 @@ async def test_status_mapping(status: int, expected: type[HttpConnectorError],
 
 
 @pytest.mark.parametrize("body", [b"", b"NaN", b"{\"a\": Infinity}", b"\xff\xfe\x00",
-                                  b"[" * 100_000, b"<html/>"])
+                                  b"[" * 100_000, b"<html/>", b"{\"amount\": 1e999}",
+                                  b"[-1E400]", b"1" * 5000])
 async def test_success_without_strict_json_is_a_response_error(body: bytes) -> None:
     async with HttpActionConnector(BASE, transport=_answering(200, body)) as connector:
         with pytest.raises(HttpResponseError) as info:
@@ -117,6 +124,16 @@ async def test_retry_after_is_honoured_within_the_cap() -> None:
             await connector.dispatch(make_request())
     assert info.value.retry_after_s == 0.01
     assert connector._backoff(1, 30.0) == 0.02
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e999", "-inf"])
+async def test_a_retry_after_that_is_no_finite_number_is_ignored(value: str) -> None:
+    transport = _answering(429, b"slow down", {"Retry-After": value})
+    async with HttpActionConnector(BASE, transport=transport, dispatch_attempts=1) as c:
+        with pytest.raises(HttpServerError) as info:
+            await c.dispatch(make_request())
+    assert info.value.retry_after_s is None
+    json.dumps(info.value.to_info().details, allow_nan=False)  # journals as strict JSON
 
 
 async def test_requests_carry_key_json_and_static_headers_only() -> None:
@@ -161,6 +178,9 @@ async def test_a_shared_client_is_left_open() -> None:
     {"base_url": "https://payments.test?x=1"},
     {"lookup_path_template": "/charges"},
     {"lookup_path_template": "/charges/{key}/{other}"},
+    {"lookup_path_template": "/charges/{key}?token=t0p"},
+    {"lookup_path_template": "/charges/{key}#frag"},
+    {"max_response_bytes": 10},
     {"create_path": "/"},
     {"headers": {"Idempotency-Key": "fixed"}},
     {"headers": {"X-Bad": "a\r\nb"}},
@@ -197,15 +217,16 @@ def test_constructor_mirrors_the_config() -> None:
 def test_public_surface_is_pinned() -> None:
     assert sorted(agentium_graph_http.__all__) == sorted([
         "HttpActionConnector", "HttpConnectorConfig", "HttpConnectorError",
-        "HttpNetworkError", "HttpRejectedError", "HttpResponseError", "HttpServerError",
-        "HttpTimeoutError", "HttpTransientError", "__version__"])
+        "HttpNetworkError", "HttpRejectedError", "HttpResponseError",
+        "HttpResponseTooLargeError", "HttpServerError", "HttpTimeoutError",
+        "HttpTransientError", "__version__"])
     codes: list[str] = []
     for name in agentium_graph_http.__all__:
         obj = getattr(agentium_graph_http, name)
         if isinstance(obj, type) and issubclass(obj, Exception):
             assert issubclass(obj, AgentiumGraphError), name
             codes.append(obj.code)
-    assert len(codes) == len(set(codes)) == 7
+    assert len(codes) == len(set(codes)) == 8
 
 
 def test_errors_journal_as_plain_data() -> None:
@@ -215,3 +236,180 @@ def test_errors_journal_as_plain_data() -> None:
     assert info.code == "http_server_error"
     assert info.details == {"url": BASE, "status": 503, "may_have_taken_effect": True,
                             "body_excerpt": "x", "retry_after_s": 1.5}
+
+
+SECRET = "sk_live_0123456789abcdef"
+
+
+@pytest.mark.parametrize("value", [f"Bearer {SECRET}\x00", f"Bearer {SECRET}\x01",
+                                   f"Bearer {SECRET}\x7f", f"Bearer {SECRET}é",
+                                   f"Bearer {SECRET}€", f"Bearer {SECRET}\n",
+                                   f" Bearer {SECRET}", f"Bearer {SECRET}\t"])
+def test_header_values_that_are_not_field_content_are_refused_by_name(value: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        HttpActionConnector(BASE, headers={"Authorization": value})
+    assert "'Authorization'" in str(info.value)
+    assert SECRET not in str(info.value)
+
+
+def test_valid_field_content_is_accepted() -> None:
+    connector = HttpActionConnector(BASE, headers={"Authorization": "Bearer a\tb c",
+                                                   "X-Empty": ""})
+    assert connector.config.headers["X-Empty"] == ""
+
+
+def test_names_and_keys_with_a_trailing_newline_are_refused() -> None:
+    with pytest.raises(ConfigurationError):
+        HttpActionConnector(BASE, headers={"X-Token\n": "a"})
+    with pytest.raises(ConfigurationError):
+        HttpActionConnector(BASE, idempotency_header="Idempotency-Key\n")
+
+
+async def test_a_key_with_a_trailing_newline_is_refused_before_sending() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(201, json={})
+
+    async with HttpActionConnector(BASE, transport=httpx.MockTransport(handler)) as connector:
+        with pytest.raises(HttpConnectorError, match="Idempotency-Key"):
+            await connector.dispatch(make_request("act_1\n"))
+        assert isinstance(await connector.resolve_result("act_1\n"), Unknown)
+    assert seen == []
+
+
+async def test_framing_errors_never_quote_their_text() -> None:
+    exc = httpx.LocalProtocolError(f"Illegal header value b'Bearer {SECRET}'")
+    async with HttpActionConnector(BASE, transport=_raising(exc),
+                                   idempotent_destination=False) as connector:
+        with pytest.raises(HttpConnectorError) as info:
+            await connector.dispatch(make_request())
+        result = await connector.resolve_result("act_any")
+    assert info.value.may_have_taken_effect is False
+    assert "LocalProtocolError" in str(info.value)
+    assert isinstance(result, Unknown)
+    assert SECRET not in str(info.value) + result.reason + repr(info.value.to_info())
+
+
+class _UnbuildableClient(httpx.AsyncClient):
+    def build_request(self, *args: object, **kwargs: object) -> httpx.Request:
+        raise UnicodeEncodeError("ascii", f"Bearer {SECRET}é", 31, 32, "not ASCII")
+
+
+async def test_a_request_that_cannot_be_built_was_not_sent() -> None:
+    async with _UnbuildableClient() as client:
+        connector = HttpActionConnector(BASE, client=client, idempotent_destination=False)
+        with pytest.raises(HttpConnectorError) as info:
+            await connector.dispatch(make_request())
+        result = await connector.resolve_result("act_any")
+    assert type(info.value) is HttpConnectorError
+    assert info.value.may_have_taken_effect is False
+    assert "UnicodeEncodeError" in str(info.value)
+    assert isinstance(result, Unknown)
+    assert SECRET not in str(info.value) + result.reason
+
+
+@pytest.mark.parametrize("status", [200, 401, 500, 503])
+async def test_static_header_values_are_redacted_from_echoed_bodies(status: int) -> None:
+    def echo(request: httpx.Request) -> httpx.Response:
+        token = request.headers["authorization"]
+        body = f"<p>bad auth {token} and {token.split()[1]}</p> " * 3 + " pad" * 100
+        return httpx.Response(status, text=body)
+
+    headers = {"Authorization": f"Bearer   {SECRET}"}
+    async with HttpActionConnector(BASE, transport=httpx.MockTransport(echo), headers=headers,
+                                   dispatch_attempts=1) as connector:
+        with pytest.raises(HttpConnectorError) as info:
+            await connector.dispatch(make_request())
+        result = await connector.resolve_result("act_any")
+    assert isinstance(result, Unknown)
+    texts = [str(info.value), info.value.body_excerpt or "", result.reason,
+             json.dumps(info.value.to_info().details)]
+    assert all(SECRET not in text for text in texts), texts
+    assert "[redacted]" in (info.value.body_excerpt or "")
+
+
+async def test_redirects_are_never_followed_even_by_a_shared_client() -> None:
+    elsewhere: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host != "payments.test":
+            elsewhere.append(request)
+            return httpx.Response(404, json={"error": "no such route"})
+        return httpx.Response(302, headers={"Location": "http://other.test/elsewhere"})
+
+    transport = httpx.MockTransport(handler)
+    async with httpx.AsyncClient(transport=transport, follow_redirects=True) as client:
+        connector = HttpActionConnector(BASE, client=client, idempotent_destination=False,
+                                        headers={"X-Api-Key": SECRET})
+        with pytest.raises(HttpRejectedError) as info:
+            await connector.dispatch(make_request())
+        result = await connector.resolve_result("act_any")
+    assert info.value.status == 302
+    assert isinstance(result, Unknown) and "302" in result.reason  # never Absent()
+    assert elsewhere == []
+
+
+def _chunked(status: int, chunk: bytes, count: int, pulled: list[int],
+             headers: dict[str, str] | None = None) -> httpx.MockTransport:
+    async def body() -> AsyncIterator[bytes]:
+        for _ in range(count):
+            pulled.append(1)
+            yield chunk
+
+    return httpx.MockTransport(lambda request: httpx.Response(status, content=body(),
+                                                              headers=headers))
+
+
+async def test_a_success_body_over_the_limit_is_not_read() -> None:
+    pulled: list[int] = []
+    transport = _chunked(201, b"[" + b"1," * 512, 10_000, pulled)
+    async with HttpActionConnector(BASE, transport=transport, max_response_bytes=4096,
+                                   dispatch_attempts=3) as connector:
+        with pytest.raises(HttpResponseTooLargeError) as info:
+            await connector.dispatch(make_request())
+    error = info.value
+    assert isinstance(error, HttpResponseError) and not isinstance(error, HttpTransientError)
+    assert (error.code, error.status, error.may_have_taken_effect) == (
+        "http_response_too_large", 201, True)
+    assert error.details["max_response_bytes"] == 4096
+    assert len(pulled) < 10  # stopped at the limit, not after 10 MB; and never retried
+
+
+async def test_a_compressed_body_counts_inflated() -> None:
+    bomb = gzip.compress(b'{"x": "' + b"a" * 2_000_000 + b'"}')
+    assert len(bomb) < 4096
+    transport = _answering(200, bomb, {"Content-Encoding": "gzip"})
+    async with HttpActionConnector(BASE, transport=transport, max_response_bytes=4096) as c:
+        with pytest.raises(HttpResponseTooLargeError):
+            await c.dispatch(make_request())
+        lookup = await c.resolve_result("act_any")
+    assert isinstance(lookup, Unknown) and "max_response_bytes" in lookup.reason
+
+
+async def test_a_body_at_the_limit_is_read() -> None:
+    body = json.dumps({"x": "a" * 2000}).encode()
+    async with HttpActionConnector(BASE, transport=_answering(200, body),
+                                   max_response_bytes=len(body)) as connector:
+        assert (await connector.dispatch(make_request())).output == {"x": "a" * 2000}
+
+
+@pytest.mark.parametrize(("status", "expected"), [(500, HttpServerError),
+                                                  (422, HttpRejectedError)])
+async def test_a_large_error_body_keeps_its_status_class(
+        status: int, expected: type[HttpConnectorError]) -> None:
+    pulled: list[int] = []
+    async with HttpActionConnector(BASE, transport=_chunked(status, b"x" * 1024, 1000, pulled),
+                                   max_response_bytes=2048, dispatch_attempts=1) as c:
+        with pytest.raises(expected) as info:
+            await c.dispatch(make_request())
+    assert info.value.status == status
+    assert len(pulled) < 10
+
+
+async def test_a_large_404_lookup_is_still_absent() -> None:
+    pulled: list[int] = []
+    async with HttpActionConnector(BASE, transport=_chunked(404, b"x" * 1024, 1000, pulled),
+                                   max_response_bytes=2048) as connector:
+        assert await connector.resolve_result("act_any") == Absent()
