@@ -20,6 +20,7 @@ from pydantic import (
 from agentium_graph._canonical import NotJSONError, digest, json_copy
 from agentium_graph._schemarefs import check_refs, local_registry
 from agentium_graph.errors import ConfigurationError, config_error, positional
+from agentium_graph.providers._protocol import shape_problem
 
 
 class ConfigModel(BaseModel):
@@ -89,10 +90,9 @@ class PlannerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _provider_shape(self) -> PlannerConfig:
-        method = "stream" if self.mode == "stream" else "complete"
-        if not callable(getattr(self.provider, method, None)):
-            raise ValueError(f"provider {type(self.provider).__name__} has no {method}() "
-                             f"method; mode={self.mode!r} needs a ModelProvider")
+        problem = shape_problem(self.provider, stream=self.mode == "stream")
+        if problem is not None:
+            raise ValueError(f"{problem}; mode={self.mode!r} needs a ModelProvider")
         for name in ("id", "version"):
             if not isinstance(getattr(self.provider, name, None), str):
                 raise ValueError(f"provider {type(self.provider).__name__} needs a string "

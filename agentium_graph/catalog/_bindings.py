@@ -27,6 +27,7 @@ from agentium_graph._fastschema import Predicate, compile_fast
 from agentium_graph._program import ExecutionGraphProgram
 from agentium_graph._schemarefs import check_refs, local_registry
 from agentium_graph.errors import ConfigurationError, config_error, positional
+from agentium_graph.providers._protocol import shape_problem
 
 if TYPE_CHECKING:
     from agentium_graph.connectors import DurableActionConnector
@@ -325,15 +326,22 @@ class Agent(BaseModel):
             if getattr(self, name):
                 raise ValueError(f"agent {self.name!r}: {name} are not supported in durable "
                                  "graphs; remove them")
-        # As PlannerConfig does: the method the agent will call must exist now, not fail
-        # the node at run time.
-        method = "stream" if self.stream else "complete"
-        if not callable(getattr(self.provider, method, None)):
-            raise ValueError(
-                f"provider {type(self.provider).__name__} has no "
-                f"{method}() method; stream={self.stream} needs a ModelProvider (e.g. "
-                "agentium_graph.providers.ScriptedProvider, or an object with async "
-                "complete() and stream())")
+        # As PlannerConfig does: the method the agent will call must exist (and be of the
+        # right kind) now, not fail the node at run time.
+        problem = shape_problem(self.provider, stream=self.stream)
+        if problem is not None:
+            raise ValueError(f"{problem}; stream={self.stream} needs a ModelProvider (e.g. "
+                             "agentium_graph.providers.ScriptedProvider, or an object with "
+                             "async complete() and stream())")
+        # The provider's id and version say which model answered: part of what a recorded
+        # response means, as for a planner.
+        for attr in ("id", "version"):
+            value = getattr(self.provider, attr, None)
+            if not isinstance(value, str) or not value:
+                raise ValueError(
+                    f"provider {type(self.provider).__name__} needs a non-empty string "
+                    f"{attr!r} (it has {value!r}): it names the model whose answers an agent "
+                    "conversation records; give the provider one")
         return self
 
 

@@ -7,6 +7,7 @@ All derive from :class:`~agentium_graph.errors.AgentiumGraphError` and carry a s
     └── ProviderError                 a model provider call failed
         ├── IncompleteStreamError     a stream ended (EOF) before its StreamEnd event
         ├── MalformedResponseError    a response or stream broke the provider contract
+        │   └── ResponseTooLargeError a response is larger than the store keeps in one record
         ├── ProviderTimeoutError      a call did not finish within the caller's time limit
         └── ScriptExhaustedError      the scripted fake provider has no turn for a request
 """
@@ -20,6 +21,7 @@ __all__ = [
     "MalformedResponseError",
     "ProviderError",
     "ProviderTimeoutError",
+    "ResponseTooLargeError",
     "ScriptExhaustedError",
 ]
 
@@ -47,6 +49,15 @@ class MalformedResponseError(ProviderError):
     """
 
     code = "provider_response_malformed"
+
+
+class ResponseTooLargeError(MalformedResponseError):
+    """A model response is larger, as JSON, than the store keeps in one record
+    (``StoreCapabilities.max_blob_bytes``), so it cannot be journaled and replayed.
+    ``details``: ``bytes``, ``limit``. The call's usage is charged; the request is not asked
+    again (a re-run ends the same way without a provider call)."""
+
+    code = "provider_response_too_large"
 
 
 class ProviderTimeoutError(ProviderError):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterable, Sequence
+import inspect
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import ValidationError
@@ -20,8 +21,9 @@ from agentium_graph.providers._models import (
     Usage,
 )
 
-__all__ = ["ModelProvider", "assemble_stream", "check_response", "check_stream_event",
-           "check_tool_calls"]
+__all__ = ["ModelProvider", "assemble_stream", "call_complete", "check_response",
+           "check_stream_event", "check_tool_calls", "close_stream", "open_stream",
+           "shape_problem"]
 
 
 @runtime_checkable
@@ -298,3 +300,70 @@ async def assemble_stream(events: AsyncIterable[StreamEvent]) -> ModelResponse:
         aclose = getattr(events, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+def shape_problem(provider: Any, *, stream: bool) -> str | None:
+    """Why ``provider`` cannot serve the call its caller will make (``stream()`` when
+    ``stream``, else ``complete()``), as far as its declaration tells; None when it may.
+
+    ``complete`` must be a coroutine function; ``stream`` must not be one (an ``async def``
+    without ``yield`` returns a coroutine, not a stream) nor a plain generator function."""
+    name = type(provider).__name__
+    method = "stream" if stream else "complete"
+    fn = getattr(provider, method, None)
+    if not callable(fn):
+        return (f"provider {name} has no {method}() method; a ModelProvider has async "
+                "complete() and stream()")
+    if stream:
+        if inspect.iscoroutinefunction(fn):
+            return (f"provider {name}: stream() is an 'async def' without 'yield', so it "
+                    "returns a coroutine, not a stream; make it an async generator (yield "
+                    "each StreamEvent)")
+        if inspect.isgeneratorfunction(fn):
+            return (f"provider {name}: stream() is a plain generator; make it an async "
+                    "generator ('async def stream(...)' that yields each StreamEvent)")
+        return None
+    if not _is_coroutine_function(fn):
+        return (f"provider {name}: complete() is not a coroutine function; declare it "
+                "'async def complete(request)' as ModelProvider requires")
+    return None
+
+
+def _is_coroutine_function(fn: Any) -> bool:
+    if inspect.iscoroutinefunction(fn):
+        return True
+    # A callable object with an async __call__ (not a function, method or class).
+    return not inspect.isroutine(fn) and not isinstance(fn, type) and \
+        inspect.iscoroutinefunction(type(fn).__call__)
+
+
+async def call_complete(provider: Any, request: ModelRequest) -> ModelResponse:
+    """``provider.complete(request)``, awaited and checked whole (:func:`check_response`);
+    a ``complete`` that returns no awaitable is a :class:`MalformedResponseError`."""
+    result = provider.complete(request)
+    if not inspect.isawaitable(result):
+        raise _malformed("not_awaitable", f"complete() returned a {type(result).__name__}, "
+                         "not an awaitable; declare it 'async def complete(request)'")
+    return check_response(await result)
+
+
+def open_stream(provider: Any, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+    """``provider.stream(request)``, checked to be an async iterator (reason
+    ``not_a_stream``). Close it with :func:`close_stream`."""
+    stream = provider.stream(request)
+    if callable(getattr(type(stream), "__anext__", None)):
+        return stream  # type: ignore[no-any-return]
+    if inspect.iscoroutine(stream):
+        stream.close()  # never awaited: closed, so it is not reported as leaked
+    elif inspect.isgenerator(stream):
+        stream.close()
+    raise _malformed("not_a_stream", f"stream() returned a {type(stream).__name__}, not an "
+                     "async iterator; make it an async generator that yields each StreamEvent")
+
+
+async def close_stream(stream: AsyncIterator[StreamEvent]) -> None:
+    """Close ``stream`` with its ``aclose()`` (an async iterator without one is left as
+    it is: there is nothing to release)."""
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()

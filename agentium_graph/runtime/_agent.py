@@ -25,8 +25,8 @@ lost, store failure) cancels that call too, like an effect node's; the next run 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
+import logging
 import math
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -52,10 +52,11 @@ from agentium_graph.providers import (
     assemble_stream,
     check_response,
 )
-from agentium_graph.providers._errors import ProviderTimeoutError
+from agentium_graph.providers._errors import ProviderTimeoutError, ResponseTooLargeError
+from agentium_graph.providers._protocol import call_complete, close_stream, open_stream
 from agentium_graph.runtime import _effects as effects
 from agentium_graph.runtime._blobs import read_verified
-from agentium_graph.runtime._context import ToolContext
+from agentium_graph.runtime._context import CancelFlag, ToolContext
 from agentium_graph.runtime._graph import NodeSpec
 from agentium_graph.runtime._outcome import Outcome, check_output, schema_error
 from agentium_graph.runtime._reach import pinned_tool_version
@@ -69,6 +70,7 @@ PLANNER_KIND = "planner_response"
 PROPOSAL_KIND = "plan_proposal"  # the verdict on one planner response
 STREAM_ATTEMPTS = 2  # an incomplete stream is asked again once before the node fails
 TOOL_KIND = "agent_tool_result"
+log = logging.getLogger("agentium_graph.runtime")
 
 
 @dataclass
@@ -79,8 +81,19 @@ class AgentRecords:
     tools: dict[tuple[str, str], str] = field(default_factory=dict)  # (node, call key) -> blob
     # The planner's rejected proposals: request digest -> the diagnostics journaled for it.
     verdicts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # Responses too large to journal: (node, req) -> {"bytes": n, "limit": m}. Their request
+    # is not asked again; it ends the same way (ResponseTooLargeError).
+    refused: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    # The provider ({"id", "version"}) whose responses an agent node journaled (entries
+    # journaled before responses named their provider name none).
+    providers: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def add(self, kind: str, node_id: str | None, data: dict[str, Any]) -> None:
+        if kind in (PLANNER_KIND, MODEL_KIND) and isinstance(data.get("too_large"), dict):
+            owner = "" if kind == PLANNER_KIND else node_id
+            if owner is not None:
+                self.refused[(owner, str(data["request_digest"]))] = dict(data["too_large"])
+            return
         if kind == PLANNER_KIND:  # the task's planner: no node
             self.responses[("", str(data["request_digest"]))] = str(data["digest"])
             return
@@ -93,6 +106,8 @@ class AgentRecords:
             return
         if kind == MODEL_KIND:
             self.responses[(node_id, str(data["request_digest"]))] = str(data["digest"])
+            if isinstance(data.get("provider"), dict):
+                self.providers.setdefault(node_id, dict(data["provider"]))
         elif kind == TOOL_KIND:
             self.tools[(node_id, str(data["call_id"]))] = str(data["digest"])
 
@@ -121,6 +136,7 @@ async def _loop(run: TaskRun, spec: NodeSpec, args: dict[str, Any]) -> Outcome:
     binding = spec.binding
     assert isinstance(binding, AgentBinding)
     agent = binding.agent
+    _check_provider(run, spec, agent.provider)
     tools = _tool_bindings(run, spec, agent.tools)
     prompt = args["prompt"] if isinstance(args.get("prompt"), str) else canonical_json(args)
     messages: list[ModelMessage] = [ModelMessage(role="system", content=agent.instructions),
@@ -149,6 +165,34 @@ async def _loop(run: TaskRun, spec: NodeSpec, args: dict[str, Any]) -> Outcome:
     raise AgentFailure(f"agent node {spec.id!r} did not finish within max_turns="
                        f"{agent.max_turns}; raise max_turns or simplify the task",
                        node_id=spec.id, details={"max_turns": agent.max_turns})
+
+
+def provider_pin(provider: Any) -> dict[str, str]:
+    """Which model answers: the provider's id and version (``Agent`` requires both)."""
+    return {"id": str(provider.id), "version": str(provider.version)}
+
+
+def _check_provider(run: TaskRun, spec: NodeSpec, provider: Any) -> None:
+    """Refuse to go on with a conversation another provider (id or version) began: its
+    recorded answers would be mixed with a different model's. The run stops with a
+    :class:`DescriptorMismatchError` and the node stays as it is (the task recoverable, as
+    when a pinned descriptor changed), so restoring the provider recovers it. A node whose
+    responses were journaled before they named their provider is not checked."""
+    pinned = run.agent_records.providers.get(spec.id)
+    current = provider_pin(provider)
+    if pinned is None or pinned == current:
+        return
+    error = DescriptorMismatchError(
+        f"task {run.key!r}: agent node {spec.id!r} began its conversation with provider "
+        f"{pinned.get('id')!r} version {pinned.get('version')!r}, but this catalog's agent "
+        f"{spec.binding.id!r} version {spec.binding.version!r} uses provider "
+        f"{current['id']!r} version {current['version']!r}; restore the original provider "
+        "to recover the task (a new provider needs a new binding version, for new tasks)",
+        node_id=spec.id, details={"binding": spec.binding.id,
+                                  "version": spec.binding.version,
+                                  "pinned_provider": pinned, "provider": current})
+    # "budget": the node stays running and the run stops with the task pending.
+    raise _Settled(Outcome("budget", error=error.to_info(), exception=error))
 
 
 def call_key(call_id: str, turn: int, used: set[str]) -> str:
@@ -241,6 +285,9 @@ async def fetch_response(run: TaskRun, caller: ModelCaller, request: ModelReques
     under a charged admission (then returned with the steps that journal it)."""
     req_digest = request.digest()
     owner = caller.node_id or ""
+    refused = run.agent_records.refused.get((owner, req_digest))
+    if refused is not None:  # its usage was charged when it was refused: no new call
+        raise _too_large(caller, int(refused["bytes"]), int(refused["limit"]))
     recorded = run.agent_records.responses.get((owner, req_digest))
     if recorded is not None:
         blobs = await read_verified(run.store, [recorded])
@@ -277,15 +324,45 @@ async def fetch_response(run: TaskRun, caller: ModelCaller, request: ModelReques
         finally:
             run.admission.release(ticket)
     text = response.model_dump_json()
+    extra = beyond_reservation(response.usage, estimate_in, reserve_out,
+                               admission_id(caller.incarnation, f"usage:{req_digest}"),
+                               caller.node_id)
+    limit = run.max_blob_bytes
+    # (A character is at most 4 UTF-8 bytes: most responses skip the encoding.)
+    if limit is not None and len(text) * 4 > limit:
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            # The store would refuse its blob (and every re-run would pay for the call
+            # again): its usage is charged and the refusal journaled instead, so a re-run
+            # ends the same way without asking the model.
+            refusal = {"bytes": size, "limit": limit}
+            await run.submit([AppendJournal(kind=caller.journal_kind, node_id=caller.node_id,
+                                            data={"request_digest": req_digest,
+                                                  "too_large": refusal,
+                                                  "usage": response.usage.model_dump()}),
+                              *extra], clamp=True)
+            run.agent_records.refused[(owner, req_digest)] = refusal
+            raise _too_large(caller, size, limit)
     resp_digest = digest_text(text)
     steps: list[Any] = [
         AppendJournal(kind=caller.journal_kind, node_id=caller.node_id, data={
             "request_digest": req_digest, "digest": resp_digest,
-            "usage": response.usage.model_dump()}),
-        *beyond_reservation(response.usage, estimate_in, reserve_out,
-                            admission_id(caller.incarnation, f"usage:{req_digest}"),
-                            caller.node_id)]
+            "usage": response.usage.model_dump(),
+            # An agent's answers name their model (checked when the node restarts).
+            **({"provider": provider_pin(caller.provider)}
+               if caller.journal_kind == MODEL_KIND else {})}),
+        *extra]
     return Fetched(response, req_digest, resp_digest, steps, {resp_digest: text})
+
+
+def _too_large(caller: ModelCaller, size: int, limit: int) -> ResponseTooLargeError:
+    return ResponseTooLargeError(
+        f"the model response to {_who(caller)} is {size} bytes as JSON, more than the "
+        f"{limit} bytes the store keeps in one record (StoreCapabilities.max_blob_bytes), so "
+        "it cannot be journaled; its usage was charged and the request is not asked "
+        "again. Ask for a shorter answer (lower max_output_tokens, clearer instructions) "
+        "in a new version, then create a new task", node_id=caller.node_id,
+        details={"bytes": size, "limit": limit})
 
 
 def _first_line(exc: BaseException) -> str:
@@ -360,29 +437,68 @@ async def _model_call(run: TaskRun, spec: NodeSpec, incarnation: str, agent: Any
 async def _invoke_provider(caller: ModelCaller, request: ModelRequest) -> ModelResponse:
     """One provider call, bounded by ``caller.timeout``, its response checked whole
     (:func:`check_response`: a malformed one is a typed error before anything is
-    journaled)."""
-    provider = caller.provider
-    limit = asyncio.timeout(caller.timeout)
+    journaled).
+
+    The call runs in a task of its own. When the limit passes, or the caller is canceled
+    (task cancel, deadline, a stop of the run), that task is canceled and given
+    :data:`ABANDON_AFTER` seconds to end; a provider that swallows the cancellation is then
+    abandoned (logged), so it cannot hold the node, and the task, running forever."""
+    call = asyncio.create_task(_provider_call(caller, request),
+                               name=f"model-call:{caller.incarnation}")
     try:
-        async with limit:
-            if caller.stream:
-                # The permit is held until the stream is closed, also when it ends early.
-                stream = provider.stream(request)
-                async with contextlib.aclosing(stream):
-                    return await assemble_stream(stream)
-            return check_response(await provider.complete(request))
-    except TimeoutError:
-        if not limit.expired():
-            raise  # the provider's own timeout (e.g. its transport's): its error as it is
+        done, _ = await asyncio.wait({call}, timeout=caller.timeout)
+    except asyncio.CancelledError:
+        await _stop_call(call, caller, "canceled")
+        raise
+    if not done:
+        await _stop_call(call, caller, "timed out")
         raise ProviderTimeoutError(
             f"the model call {'stream' if caller.stream else 'request'} of "
-            f"{'the planner' if caller.node_id is None else f'agent node {caller.node_id!r}'} "
-            f"did not finish within {caller.timeout:g} s, the limit set by "
+            f"{_who(caller)} did not finish within {caller.timeout:g} s, the limit set by "
             f"{caller.timeout_setting}; raise it if the model needs longer, or make the "
             "provider answer sooner (its reservation stays charged)",
             node_id=caller.node_id,
             details={"timeout_seconds": caller.timeout, "limit": caller.timeout_setting,
-                     "stream": caller.stream}) from None
+                     "stream": caller.stream})
+    # The provider's own errors (its transport's TimeoutError too) as they are.
+    return call.result()
+
+
+ABANDON_AFTER = 1.0  # seconds a canceled provider call has to end before it is abandoned
+
+
+async def _provider_call(caller: ModelCaller, request: ModelRequest) -> ModelResponse:
+    if not caller.stream:
+        return await call_complete(caller.provider, request)
+    # The permit is held until the stream is closed, also when it ends early.
+    stream = open_stream(caller.provider, request)
+    try:
+        return await assemble_stream(stream)
+    finally:
+        await close_stream(stream)
+
+
+async def _stop_call(call: asyncio.Task[ModelResponse], caller: ModelCaller,
+                     why: str) -> None:
+    """Cancel a provider call and wait (a bounded time) for it to end."""
+    call.cancel()
+    try:
+        done, _ = await asyncio.wait({call}, timeout=ABANDON_AFTER)
+    finally:
+        call.add_done_callback(_retrieve)
+    if not done:
+        log.warning("the model call of %s %s, but its provider did not stop within %g s "
+                    "of being canceled (it swallows cancellation); the call is abandoned",
+                    _who(caller), why, ABANDON_AFTER)
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: nobody awaits an abandoned call
+
+
+def _who(caller: ModelCaller) -> str:
+    return "the planner" if caller.node_id is None else f"agent node {caller.node_id!r}"
 
 
 async def _tool_call(run: TaskRun, spec: NodeSpec, tools: dict[str, ToolBinding],
@@ -488,9 +604,14 @@ async def _pure_call(run: TaskRun, spec: NodeSpec, tool: ToolBinding, call: Tool
     try:
         await run.submit([Charge(admission_id=adm, node_id=spec.id,
                                  charges={"work_attempts": 1, "tool_calls": 1})])
+        # The agent node's own cancel flag (set when the run stops: cancel, deadline, lost
+        # lease), so a sync tool sees tool_context().cancelled / wait_cancelled() as it
+        # would as a plan node.
+        node = run.running.get(spec.id)
         ctx = ToolContext(key=run.key, node_id=spec.id, attempt=len(rec.attempts),
                           attempt_id=rec.attempts[-1].attempt_id, fence=run.fence,
-                          worker_id=run.worker_id, binding=tool.id, version=tool.version)
+                          worker_id=run.worker_id, binding=tool.id, version=tool.version,
+                          _cancel=CancelFlag() if node is None else node.ctx._cancel)
         sub = NodeSpec(id=spec.id, local=spec.local, scope=spec.scope, binding=tool,
                        args=call.arguments, refs=(), deps=())
         return await run.invoke_tool(sub, dict(call.arguments), ctx)

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import math
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -50,10 +51,12 @@ from agentium_graph.providers import (
     ModelMessage,
     ModelRequest,
     StreamEnd,
+    StreamEvent,
     TextDelta,
     ToolCallDelta,
     check_stream_event,
 )
+from agentium_graph.providers._protocol import close_stream, open_stream
 from agentium_graph.runtime._agent import PROPOSAL_KIND, beyond_reservation
 from agentium_graph.runtime._containers import node_record
 from agentium_graph.runtime._planner import (
@@ -212,11 +215,11 @@ async def _one_stream(run: TaskRun, program: ExecutionGraphProgram, config: Plan
         limits = config.stream
         timeout = limits.max_latency_ms / 1000
         reader = _Frames(limits.max_frame_bytes, limits.max_total_bytes)
-        stream = config.provider.stream(request)
+        stream = open_stream(config.provider, request)  # an async iterator, or typed
         clock = asyncio.get_running_loop().time
         progress = clock()  # the stream's start, then each committed frame
         seen = 0
-        async with contextlib.aclosing(stream):
+        async with _closing(stream):
             while True:
                 # max_latency_ms bounds the wait for each event *and* for each next frame, so
                 # a stream that trickles (empty or tiny deltas) cannot hold the task open.
@@ -258,6 +261,15 @@ async def _one_stream(run: TaskRun, program: ExecutionGraphProgram, config: Plan
                         details={"reason": "not_a_stream_event"})
     finally:
         run.admission.release(ticket)
+
+
+@contextlib.asynccontextmanager
+async def _closing(stream: AsyncIterator[StreamEvent]) -> AsyncGenerator[None, None]:
+    """Close the stream at the end (its ``aclose()``, if it has one)."""
+    try:
+        yield
+    finally:
+        await close_stream(stream)
 
 
 async def _seal(run: TaskRun, end: StreamEnd, estimate_in: int, reserve_out: int,
