@@ -43,7 +43,7 @@ from agentium_graph._canonical import (
     digest_text,
 )
 from agentium_graph._program import ExecutionGraphProgram, PlannerConfig
-from agentium_graph.errors import Diagnostic, PlanValidationError
+from agentium_graph.errors import BudgetExhaustedError, Diagnostic, PlanValidationError
 from agentium_graph.plan._validate import CompiledPlan
 from agentium_graph.providers import (
     IncompleteStreamError,
@@ -102,6 +102,10 @@ class _State:
     judged: bool = False
     plan: dict[str, Any] | None = None  # the committed plan of the current revision
     plan_digest: str | None = None
+    # The revision whose successor a frame asked for when a budget (a counter of the
+    # CommitRevision) refused it, and that counter: journaled with the frame's verdict.
+    refused_at: int | None = None
+    refused_counter: str | None = None
 
 
 class _Rejected(Exception):
@@ -121,6 +125,10 @@ async def plan_stream(run: TaskRun, program: ExecutionGraphProgram) -> None:
     while not state.sealed:
         if state.calls > config.max_corrections:
             raise _exhausted(run, config, state)
+        if state.refused_at == run.header.revision and state.refused_counter is not None:
+            # A frame already asked for a revision the budget refused, and counters are
+            # never refunded: another provider call would be paid for and refused again.
+            raise _budget_refusal(run, state.refused_counter)
         request = _request(run, config, state)
         try:
             await _one_stream(run, program, config, request, state)
@@ -154,11 +162,20 @@ async def _load(run: TaskRun) -> _State:
             accepted = bool(entry.data.get("accepted"))
             state.problem = [] if accepted else list(entry.data.get("diagnostics", ()))
             state.judged = not accepted
+            counter = entry.data.get("budget")
+            state.refused_counter = counter if isinstance(counter, str) else None
+            state.refused_at = entry.data.get("base_revision") if counter else None
         elif entry.kind == INTERRUPTED_KIND:
             state.problem, state.judged = list(entry.data.get("diagnostics", ())), False
     if run.header.revision >= 1 and not state.sealed:
         state.plan, state.plan_digest = await committed_plan(run.store, run.header)
     return state
+
+
+def _budget_refusal(run: TaskRun, counter: str) -> BudgetExhaustedError:
+    used = run.header.counters.get(counter, 0)
+    limit = run.header.limits.get(counter)
+    return BudgetExhaustedError(run.key, counter, used, 1, used if limit is None else limit)
 
 
 def _exhausted(run: TaskRun, config: PlannerConfig, state: _State) -> Exception:
@@ -381,6 +398,20 @@ async def _frame(run: TaskRun, program: ExecutionGraphProgram, config: PlannerCo
         await run.submit(steps, {plan_digest: plan_text}, tombstone=tombstone, revision=True)
     except asyncio.CancelledError:
         raise  # the commit may have happened: the loop installs it if it did
+    except BudgetExhaustedError as exc:
+        with contextlib.suppress(ValueError):
+            run.proposed.remove(entry)  # refused before the commit: never installed
+        # The frame's verdict is journaled like any other (SPEC 11), naming the budget: a
+        # later run reads it and stops before paying for a call that could not commit.
+        refusal = Diagnostic(path="$", code="budget_exhausted", message=(
+            f"revision {current + 1} was refused: {exc.counter} has reached its limit "
+            f"{exc.limit}; nothing is refunded, so the task cannot take another revision"))
+        await run.submit([AppendJournal(kind=PROPOSAL_KIND, data={
+            "call": call, "frame": state.frames - 1, "base_revision": current,
+            "accepted": False, "diagnostics": [refusal.model_dump(exclude_none=True)],
+            "budget": exc.counter})])
+        state.refused_at, state.refused_counter = current, exc.counter
+        raise
     except BaseException as exc:
         with contextlib.suppress(ValueError):
             run.proposed.remove(entry)  # refused before the commit: never installed
