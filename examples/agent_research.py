@@ -89,17 +89,17 @@ program = ExecutionGraphProgram(id="water-report", version="1", plan={
 
 
 async def main() -> str:
-    path = Path(tempfile.mkdtemp(prefix="agentium-agent-")) / "tasks.db"
-    async with SQLiteDurableTaskStore(path) as store:
-        runtime = ExecutionGraphRuntime(catalog=catalog, store=store, require_durable=True)
-        await runtime.create("water-report", program)
-        result = await runtime.run("water-report", worker_id="w1")
-        text: str = result.output["final"]["last"]["polish"]["text"]
-        usage = result.output["research"]["usage"]
-        print(text)
-        print(f"model calls: {usage['model_calls']}, tokens in/out: "
-              f"{usage['input_tokens']}/{usage['output_tokens']}")
-        return text
+    with tempfile.TemporaryDirectory(prefix="agentium-agent-") as tmp:
+        async with SQLiteDurableTaskStore(Path(tmp) / "tasks.db") as store:
+            runtime = ExecutionGraphRuntime(catalog=catalog, store=store, require_durable=True)
+            await runtime.create("water-report", program)
+            result = await runtime.run("water-report", worker_id="w1")
+            text: str = result.output["final"]["last"]["polish"]["text"]
+            usage = result.output["research"]["usage"]
+            print(text)
+            print(f"model calls: {usage['model_calls']}, tokens in/out: "
+                  f"{usage['input_tokens']}/{usage['output_tokens']}")
+            return text
 
 
 if __name__ == "__main__":

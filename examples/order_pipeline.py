@@ -17,15 +17,15 @@ from agentium_graph_sqlite import SQLiteDurableTaskStore
 
 
 async def main() -> str:
-    path = Path(tempfile.mkdtemp(prefix="agentium-orders-")) / "orders.db"
-    async with SQLiteDurableTaskStore(path) as store:
-        runtime = ExecutionGraphRuntime(catalog=build_catalog(), store=store,
-                                        require_durable=True)
-        await runtime.create("order-review:ord-1042", build_program("ord-1042"))
-        result = await runtime.run("order-review:ord-1042", worker_id="w1")
-        text: str = result.output["invoice"]["text"]
-        print(text)
-        return text
+    with tempfile.TemporaryDirectory(prefix="agentium-orders-") as tmp:
+        async with SQLiteDurableTaskStore(Path(tmp) / "orders.db") as store:
+            runtime = ExecutionGraphRuntime(catalog=build_catalog(), store=store,
+                                            require_durable=True)
+            await runtime.create("order-review:ord-1042", build_program("ord-1042"))
+            result = await runtime.run("order-review:ord-1042", worker_id="w1")
+            text: str = result.output["invoice"]["text"]
+            print(text)
+            return text
 
 
 if __name__ == "__main__":

@@ -75,22 +75,22 @@ program = ExecutionGraphProgram(id="quote", version="1", planner=PlannerConfig(
 
 
 async def main() -> str:
-    path = Path(tempfile.mkdtemp(prefix="agentium-planner-")) / "tasks.db"
-    async with SQLiteDurableTaskStore(path) as store:
-        runtime = ExecutionGraphRuntime(catalog=catalog, store=store, require_durable=True)
-        await runtime.create("quote:1", program, input={"sku": "A-1", "quantity": 4})
-        result = await runtime.run("quote:1", worker_id="w1")
-        text: str = result.output["quote"]["text"]
-        print(text)
-        page = await runtime.timeline("quote:1", limit=100)
-        for event in page.events:
-            if event.kind == "plan_proposal":
-                verdict = "accepted" if event.data["accepted"] else "rejected: " + "; ".join(
-                    d["code"] for d in event.data["diagnostics"])
-                print(f"proposal {event.data['proposal']}: {verdict}")
-        view = await runtime.inspect("quote:1")
-        print(f"revision {view.revision}, model calls {view.counters['model_calls']}")
-        return text
+    with tempfile.TemporaryDirectory(prefix="agentium-planner-") as tmp:
+        async with SQLiteDurableTaskStore(Path(tmp) / "tasks.db") as store:
+            runtime = ExecutionGraphRuntime(catalog=catalog, store=store, require_durable=True)
+            await runtime.create("quote:1", program, input={"sku": "A-1", "quantity": 4})
+            result = await runtime.run("quote:1", worker_id="w1")
+            text: str = result.output["quote"]["text"]
+            print(text)
+            page = await runtime.timeline("quote:1", limit=100)
+            for event in page.events:
+                if event.kind == "plan_proposal":
+                    verdict = "accepted" if event.data["accepted"] else "rejected: " + "; ".join(
+                        d["code"] for d in event.data["diagnostics"])
+                    print(f"proposal {event.data['proposal']}: {verdict}")
+            view = await runtime.inspect("quote:1")
+            print(f"revision {view.revision}, model calls {view.counters['model_calls']}")
+            return text
 
 
 if __name__ == "__main__":

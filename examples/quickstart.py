@@ -92,6 +92,8 @@ async def main(path: Path) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else \
-        Path(tempfile.mkdtemp(prefix="agentium-quickstart-")) / "tasks.db"
-    asyncio.run(main(target))
+    if len(sys.argv) > 1:
+        asyncio.run(main(Path(sys.argv[1])))
+    else:  # a throwaway database, removed at the end
+        with tempfile.TemporaryDirectory(prefix="agentium-quickstart-") as tmp:
+            asyncio.run(main(Path(tmp) / "tasks.db"))

@@ -77,26 +77,26 @@ program = ExecutionGraphProgram(id="streamed-quote", version="1", planner=Planne
 
 
 async def main() -> str:
-    path = Path(tempfile.mkdtemp(prefix="agentium-stream-")) / "tasks.db"
-    async with SQLiteDurableTaskStore(path) as store:
-        runtime = ExecutionGraphRuntime(catalog=catalog, store=store, require_durable=True)
-        await runtime.create("quote:2", program, input={"sku": "B-7", "quantity": 3})
-        result = await runtime.run("quote:2", worker_id="w1")
-        text: str = result.output["quote"]["text"]
-        print(text)
-        page = await runtime.timeline("quote:2", limit=100)
-        for event in page.events:
-            if event.kind == "revision_committed":
-                print(f"revision {event.data['revision']} committed")
-            elif event.kind == "attempt_started":
-                print(f"  {event.node_id} started")
-            elif event.kind == "planner_sealed":
-                print("planning sealed")
-        view = await runtime.inspect("quote:2")
-        assert view.planner is not None
-        print(f"planner {view.planner.state}: {view.planner.proposals} frames, "
-              f"revision {view.revision}")
-        return text
+    with tempfile.TemporaryDirectory(prefix="agentium-stream-") as tmp:
+        async with SQLiteDurableTaskStore(Path(tmp) / "tasks.db") as store:
+            runtime = ExecutionGraphRuntime(catalog=catalog, store=store, require_durable=True)
+            await runtime.create("quote:2", program, input={"sku": "B-7", "quantity": 3})
+            result = await runtime.run("quote:2", worker_id="w1")
+            text: str = result.output["quote"]["text"]
+            print(text)
+            page = await runtime.timeline("quote:2", limit=100)
+            for event in page.events:
+                if event.kind == "revision_committed":
+                    print(f"revision {event.data['revision']} committed")
+                elif event.kind == "attempt_started":
+                    print(f"  {event.node_id} started")
+                elif event.kind == "planner_sealed":
+                    print("planning sealed")
+            view = await runtime.inspect("quote:2")
+            assert view.planner is not None
+            print(f"planner {view.planner.state}: {view.planner.proposals} frames, "
+                  f"revision {view.revision}")
+            return text
 
 
 if __name__ == "__main__":

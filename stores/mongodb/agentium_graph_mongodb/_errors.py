@@ -270,7 +270,8 @@ def retries_exhausted(last: TransientStoreError, op: str, where: str, attempts: 
         f"{elapsed_s:.1f}s: {bounded(str(last), MESSAGE_CAP // 2)}. Check that the server "
         "is running and reachable from this host (URI, network, firewall, replica set "
         "health), then run the task again: it stays recoverable. To wait longer, raise "
-        "retries / server_selection_timeout_s",
+        "the store's retries / server_selection_timeout_s (or serverSelectionTimeoutMS in "
+        "the URI, which the CLI takes too)",
         details={**last.details, "attempts": attempts, "elapsed_s": round(elapsed_s, 3)})
 
 
