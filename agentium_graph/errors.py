@@ -277,6 +277,8 @@ class BudgetExhaustedError(AgentiumGraphError):
             details={"key": key, "counter": counter, "used": used, "requested": requested,
                      "limit": limit})
         self.counter = counter
+        self.used = used
+        self.requested = requested
         self.limit = limit
 
 

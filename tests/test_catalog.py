@@ -494,13 +494,14 @@ def test_graph_reference_schema_maps_node_ids_to_outputs() -> None:
     assert schema["additionalProperties"] is False
     assert schema["properties"] == {"price": lookup.output_schema}
     assert catalog.reference_schema(lookup) == lookup.output_schema
-    declared = _graph("g2", plan(), output_schema={"type": "object"})
-    assert HostCatalog([declared]).reference_schema(declared) == {"type": "object"}
+    declared = _graph("g2", plan({"id": "price", "binding": "lookup", "version": "1"}),
+                      output_schema={"type": "object"})
+    assert HostCatalog([lookup, declared]).reference_schema(declared) == {"type": "object"}
 
 
 def test_graph_descriptor_carries_program_identity() -> None:
-    g = _graph("g", plan())
-    d = HostCatalog([g]).descriptor("g", "1")
+    g = _graph("g", plan({"id": "price", "binding": "lookup", "version": "1"}))
+    d = HostCatalog([pure(id="lookup"), g]).descriptor("g", "1")
     assert d is not None and d.kind == "graph"
     assert d.program == g.program.descriptor()
 

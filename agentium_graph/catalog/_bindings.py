@@ -360,12 +360,26 @@ class AgentBinding(_BindingBase):
                           "stream": self.agent.stream}}
 
 
+def _nodes_to_run(program: ExecutionGraphProgram) -> None:
+    """A container's program must run something: an empty one settled at once, and could
+    not be told apart from one not yet entered when a crashed run was recovered."""
+    plan = program.plan
+    if isinstance(plan, dict) and isinstance(plan.get("nodes"), list) and not plan["nodes"]:
+        raise ValueError(f"program {program.id!r} has no nodes; a nested graph or repeat "
+                         "must run at least one node (drop the node that uses it instead)")
+
+
 class GraphBinding(_BindingBase):
     """A nested program; output is the map of its node ids to their outputs."""
 
     program: ExecutionGraphProgram
 
     kind: ClassVar[BindingKind] = "graph"
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> GraphBinding:
+        _nodes_to_run(self.program)
+        return self
 
     def _descriptor_extra(self) -> dict[str, Any]:
         return {"program": self.program.descriptor()}
@@ -384,6 +398,11 @@ class RepeatBinding(_BindingBase):
         """``RepeatBinding(program, max_iterations, condition=..., id=..., version=...)``."""
         super().__init__(**positional("RepeatBinding", ("program", "max_iterations"), args,
                                       data))
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> RepeatBinding:
+        _nodes_to_run(self.program)
+        return self
 
     @model_validator(mode="after")
     def _sync_condition(self) -> RepeatBinding:

@@ -110,11 +110,17 @@ def enter(run: TaskRun, spec: NodeSpec, args: dict[str, Any], input_digest: str,
 def restore(run: TaskRun) -> None:
     """Rebuild the scopes of containers a crashed run had entered, from stored children."""
     pending = [i for i in run.graph.order if is_container(run.graph.specs[i])]
+    by_parent: dict[str, list[NodeRecord]] = {}  # one pass, not one per container
+    for rec in run.nodes.values():
+        if rec.parent is not None:
+            by_parent.setdefault(rec.parent, []).append(rec)
     while pending:
         container = pending.pop(0)
+        if run.nodes[container].state == "completed":
+            continue
         spec = run.graph.specs[container]
-        children = [n for n in run.nodes.values() if n.parent == container]
-        if not children or run.nodes[container].state == "completed":
+        children = by_parent.get(container)
+        if not children:
             continue
         run.active_containers.add(container)
         binding = spec.binding
@@ -139,10 +145,9 @@ def advance(run: TaskRun, steps: list[Step], blobs: dict[str, str],
         spec = run.graph.specs[container]
         if not is_container(spec) or run.nodes[container].state != "running":
             continue
-        scopes = run.graph.iterations(container)
-        if not scopes:
+        last = run.graph.last_scope(container)
+        if last is None:
             continue
-        last = scopes[-1]
         if not all(m in run.done for m in last.members):
             continue
         outputs = {run.graph.specs[m].local: run.outputs[m] for m in last.members}
@@ -216,6 +221,18 @@ def _settle(run: TaskRun, binding: GraphBinding | RepeatBinding, container: str,
         _fail(run, container, steps, error.code, str(error), dict(error.details))
         return
     text = canonical_json(output)
+    limit = run.max_blob_bytes
+    # Its children's outputs each fit the store, their sum may not: the commit would be
+    # refused with the children's completions in it, on every run (as check_output for a
+    # leaf, the node fails instead).
+    if limit is not None and len(text) * 4 > limit and len(text.encode("utf-8")) > limit:
+        size = len(text.encode("utf-8"))
+        _fail(run, container, steps, "node_output_invalid",
+              f"node {container!r}: its output (its children's outputs together) is {size} "
+              f"bytes as JSON, more than the {limit} bytes the store keeps in one record; "
+              "have the nested program return less (keep large data elsewhere and return "
+              "a reference to it)", {"bytes": size, "limit": limit})
+        return
     out_digest = digest_text(text)
     blobs[out_digest] = text
     steps.append(SettleNode(node_id=container, state="completed", output_digest=out_digest))

@@ -55,6 +55,10 @@ class FlatGraph:
         self.succ: dict[str, list[str]] = {}   # full id -> nodes that depend on it
         self.fresh: list[str] = []             # members added since the scheduler looked
         self.changed = False
+        # container -> its latest scope (a graph's one scope, a repeat's highest iteration):
+        # the scheduler asks for it every turn, so it is kept here rather than found by
+        # scanning every scope (which made a long repeat quadratic).
+        self._latest: dict[str, Scope] = {}
         self.add_scope("", root, None, None)
 
     @property
@@ -82,6 +86,10 @@ class FlatGraph:
                 self.succ.setdefault(dep, []).append(spec.id)
             self.fresh.append(spec.id)
         self.scopes[prefix] = scope
+        if parent is not None:
+            latest = self._latest.get(parent)
+            if latest is None or (iteration or 0) >= (latest.iteration or 0):
+                self._latest[parent] = scope
         return scope
 
     def set_root(self, plan: CompiledPlan) -> Scope:
@@ -138,7 +146,7 @@ class FlatGraph:
     def scope_of(self, node_id: str) -> Scope:
         return self.scopes[self.specs[node_id].scope]
 
-    def iterations(self, container: str) -> list[Scope]:
-        """The scopes a container materialized, in iteration order."""
-        found = [s for s in self.scopes.values() if s.parent == container]
-        return sorted(found, key=lambda s: -1 if s.iteration is None else s.iteration)
+    def last_scope(self, container: str) -> Scope | None:
+        """The latest scope a container materialized (its graph's scope, or its repeat's
+        highest iteration), or None."""
+        return self._latest.get(container)
