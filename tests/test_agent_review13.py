@@ -389,3 +389,32 @@ async def test_a_stream_without_aclose_is_read() -> None:
     result = await rt.run("k")
     assert result.output["a"]["text"] == "hi"
 
+
+
+# --- the last turn's tool calls ------------------------------------------------------------
+
+@pytest.mark.parametrize("max_turns", [1, 2])
+async def test_tools_asked_for_on_the_last_turn_are_not_called(max_turns: int) -> None:
+    # Their results could reach no model; a tool may be an effect a budget pays for.
+    called: list[int] = []
+
+    def add(args: dict[str, Any]) -> dict[str, Any]:
+        called.append(1)
+        return {"sum": 3}
+
+    tool = ToolBinding(id="add", version="1", execute=add, recovery="pure",
+                       input_schema=OBJ, output_schema=OBJ)
+    asks = [ScriptedTurn(tool_calls=(ToolCall(id=f"c{i}", name="add", arguments={}),))
+            for i in range(max_turns)]
+    rt = ExecutionGraphRuntime(catalog=HostCatalog([tool, AgentBinding(
+        id="ag", version="1", agent=Agent(ScriptedProvider(asks), "You help.", tools=["add"],
+                                          max_turns=max_turns))]))
+    await rt.create("k", prog())
+    with pytest.raises(NodeFailedError, match=r"asked for tools \['add'\], which were not "
+                                              "called") as caught:
+        await rt.run("k")
+    assert caught.value.node_id == "a"
+    assert len(called) == max_turns - 1  # every turn's tools but the last one's
+    view = await rt.inspect("k")
+    assert view.nodes["a"].state == "failed"
+    assert view.counters["tool_calls"] == max_turns - 1

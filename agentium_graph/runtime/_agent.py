@@ -158,13 +158,20 @@ async def _loop(run: TaskRun, spec: NodeSpec, args: dict[str, Any]) -> Outcome:
         if not response.tool_calls:
             return check_output(spec.id, binding, {"text": response.text, "usage": usage},
                                 run.max_blob_bytes)
+        if turn + 1 == agent.max_turns:
+            # No model would see these calls' results: they are not made (a tool may be an
+            # effect, and a budget would pay for it).
+            asked = sorted({call.name for call in response.tool_calls})
+            raise AgentFailure(
+                f"agent node {spec.id!r} did not finish within max_turns={agent.max_turns}: "
+                f"its last answer asked for tools {asked}, which were not called (no turn was "
+                "left to use their results); raise max_turns or simplify the task",
+                node_id=spec.id, details={"max_turns": agent.max_turns, "not_called": asked})
         for call in response.tool_calls:
             result = await _tool_call(run, spec, tools, call, call_key(call.id, turn, keys))
             messages.append(ModelMessage(role="tool", content=canonical_json(result),
                                          tool_call_id=call.id))
-    raise AgentFailure(f"agent node {spec.id!r} did not finish within max_turns="
-                       f"{agent.max_turns}; raise max_turns or simplify the task",
-                       node_id=spec.id, details={"max_turns": agent.max_turns})
+    raise AssertionError("unreachable: the last turn returns or raises")  # pragma: no cover
 
 
 def provider_pin(provider: Any) -> dict[str, str]:
