@@ -60,6 +60,7 @@ from agentium_graph.runtime._context import CancelFlag, ToolContext
 from agentium_graph.runtime._graph import NodeSpec
 from agentium_graph.runtime._outcome import Outcome, check_output, schema_error
 from agentium_graph.runtime._reach import pinned_tool_version
+from agentium_graph.runtime._tool import invoke_tool
 from agentium_graph.store._requests import AppendJournal, Charge, RecordAction
 
 if TYPE_CHECKING:
@@ -621,7 +622,7 @@ async def _pure_call(run: TaskRun, spec: NodeSpec, tool: ToolBinding, call: Tool
                           _cancel=CancelFlag() if node is None else node.ctx._cancel)
         sub = NodeSpec(id=spec.id, local=spec.local, scope=spec.scope, binding=tool,
                        args=call.arguments, refs=(), deps=())
-        return await run.invoke_tool(sub, dict(call.arguments), ctx)
+        return await invoke_tool(run, sub, dict(call.arguments), ctx)
     finally:
         run.admission.release(ticket)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import inspect
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -35,7 +34,6 @@ from agentium_graph.errors import (
     ErrorInfo,
     InvalidTransitionError,
     LeaseHeldError,
-    NodeFailedError,
     NodeInputError,
     StaleFenceError,
     StoreUnavailableError,
@@ -53,11 +51,11 @@ from agentium_graph.runtime._agent import (
     clamp_usage,
     run_agent,
 )
-from agentium_graph.runtime._context import ToolContext, reset_context, set_context
+from agentium_graph.runtime._context import ToolContext
 from agentium_graph.runtime._frontier import CONTAINERS as FRONTIER_CONTAINERS
 from agentium_graph.runtime._frontier import Frontier, Turn
 from agentium_graph.runtime._graph import FlatGraph, NodeSpec
-from agentium_graph.runtime._outcome import Outcome, check_output, schema_error
+from agentium_graph.runtime._outcome import Outcome, schema_error
 from agentium_graph.runtime._planner import install_revisions, plan_task
 from agentium_graph.runtime._states import RESTARTABLE
 from agentium_graph.runtime._stops import (
@@ -70,6 +68,7 @@ from agentium_graph.runtime._stops import (
     recovery_stop,
     settle_planning,
 )
+from agentium_graph.runtime._tool import escaped_cancel, invoke_tool
 from agentium_graph.runtime._views import TaskResult
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import ActionRecord, NodeRecord, TaskHeader, TaskIdentity
@@ -622,7 +621,7 @@ class TaskRun:
         elif _is_effect(node):
             body = effects.execute_effect(self, node, item.args)
         else:
-            body = self.invoke_tool(node, item.args, ctx)
+            body = invoke_tool(self, node, item.args, ctx)
         running.task = asyncio.create_task(body, name=f"node:{self.key}:{node.id}")
         running.task.add_done_callback(functools.partial(self._on_done, node.id))
 
@@ -630,7 +629,7 @@ class TaskRun:
         if task.cancelled() and self.stop is None:
             # The runtime cancels a node's task only while stopping: this cancellation came
             # from the node's own code (a provider or connector letting one escape).
-            outcome = Outcome("failed", error=_escaped_cancel(node_id).to_info())
+            outcome = Outcome("failed", error=escaped_cancel(node_id).to_info())
         elif task.cancelled():
             outcome = Outcome("canceled")
         else:
@@ -645,43 +644,6 @@ class TaskRun:
         if node_id in self.running:
             self.finished.append((node_id, outcome))
         self.wake.set()
-
-    async def invoke_tool(self, node: NodeSpec, args: dict[str, Any],
-                      ctx: ToolContext) -> Outcome:
-        binding = node.binding
-        if not isinstance(binding, ToolBinding) or binding.execute is None:
-            raise ConfigurationError(
-                f"node {node.id!r}: {binding.kind} bindings are not executable by this "
-                "runtime version", node_id=node.id)
-        fn = binding.execute
-        with span("agentium_graph.node.attempt", {"agentium.task.key": self.key,
-                                                  "agentium.node.id": node.id,
-                                                  "agentium.attempt": ctx.attempt,
-                                                  "agentium.binding": binding.id}):
-            token = set_context(ctx)
-            try:
-                if inspect.iscoroutinefunction(fn):
-                    result = await fn(args)
-                elif binding.run_in_thread:
-                    result = await asyncio.to_thread(_in_thread, fn, args)
-                    if type(result) is _Raised:
-                        raise result.error
-                else:
-                    result = fn(args)
-                if inspect.isawaitable(result):
-                    result = await result
-            except asyncio.CancelledError as exc:
-                if effects.runtime_cancelled():
-                    raise  # the runtime canceled this node (cancel, deadline)
-                error = _escaped_cancel(node.id)
-                error.__cause__ = exc
-                return Outcome("failed", error=error.to_info(), exception=error)
-            except Exception as exc:
-                return Outcome("failed", error=ErrorInfo.from_exception(exc, node_id=node.id),
-                               exception=exc)
-            finally:
-                reset_context(token)
-        return check_output(node.id, binding, result, self.max_blob_bytes)
 
     # --- commit, finish, wait -------------------------------------------------------
     async def _commit(self, steps: list[Step], blobs: dict[str, str]) -> None:
@@ -805,31 +767,6 @@ class TaskRun:
         self.running.clear()
 
 
-class _Raised:
-    """A StopIteration a sync tool raised in its thread, carried back as a value: asyncio
-    cannot set one on a future (it raises TypeError in the executor's callback instead, and
-    the awaiting node would wait forever)."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: StopIteration) -> None:
-        self.error = error
-
-
-def _in_thread(fn: Callable[[dict[str, Any]], Any], args: dict[str, Any]) -> Any:
-    try:
-        return fn(args)
-    except StopIteration as exc:
-        return _Raised(exc)
-
-
 def _is_effect(node: NodeSpec) -> bool:
     return isinstance(node.binding, ToolBinding) and node.binding.connector is not None
 
-
-def _escaped_cancel(node_id: str) -> NodeFailedError:
-    return NodeFailedError(
-        f"node {node_id!r}: its code raised CancelledError although the runtime did not "
-        "cancel it (an inner task or future was canceled); catch that cancellation in the "
-        "tool, or raise an ordinary exception to fail the node", node_id=node_id,
-        details={"error": "CancelledError"})

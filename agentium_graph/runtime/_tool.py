@@ -1,0 +1,84 @@
+"""Running a pure tool's callback for one attempt: its context, its thread, and what its
+exceptions mean (the scheduler in :mod:`._run` launches it; agents call tools through it)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from agentium_graph._otel import span
+from agentium_graph.catalog._bindings import ToolBinding
+from agentium_graph.errors import ConfigurationError, ErrorInfo, NodeFailedError
+from agentium_graph.runtime import _effects as effects
+from agentium_graph.runtime._context import ToolContext, reset_context, set_context
+from agentium_graph.runtime._graph import NodeSpec
+from agentium_graph.runtime._outcome import Outcome, check_output
+
+if TYPE_CHECKING:
+    from agentium_graph.runtime._run import TaskRun
+
+
+async def invoke_tool(run: TaskRun, node: NodeSpec, args: dict[str, Any],
+                      ctx: ToolContext) -> Outcome:
+    binding = node.binding
+    if not isinstance(binding, ToolBinding) or binding.execute is None:
+        raise ConfigurationError(
+            f"node {node.id!r}: {binding.kind} bindings are not executable by this "
+            "runtime version", node_id=node.id)
+    fn = binding.execute
+    with span("agentium_graph.node.attempt", {"agentium.task.key": run.key,
+                                              "agentium.node.id": node.id,
+                                              "agentium.attempt": ctx.attempt,
+                                              "agentium.binding": binding.id}):
+        token = set_context(ctx)
+        try:
+            if inspect.iscoroutinefunction(fn):
+                result = await fn(args)
+            elif binding.run_in_thread:
+                result = await asyncio.to_thread(_in_thread, fn, args)
+                if type(result) is _Raised:
+                    raise result.error
+            else:
+                result = fn(args)
+            if inspect.isawaitable(result):
+                result = await result
+        except asyncio.CancelledError as exc:
+            if effects.runtime_cancelled():
+                raise  # the runtime canceled this node (cancel, deadline)
+            error = escaped_cancel(node.id)
+            error.__cause__ = exc
+            return Outcome("failed", error=error.to_info(), exception=error)
+        except Exception as exc:
+            return Outcome("failed", error=ErrorInfo.from_exception(exc, node_id=node.id),
+                           exception=exc)
+        finally:
+            reset_context(token)
+    return check_output(node.id, binding, result, run.max_blob_bytes)
+
+
+def escaped_cancel(node_id: str) -> NodeFailedError:
+    return NodeFailedError(
+        f"node {node_id!r}: its code raised CancelledError although the runtime did not "
+        "cancel it (an inner task or future was canceled); catch that cancellation in the "
+        "tool, or raise an ordinary exception to fail the node", node_id=node_id,
+        details={"error": "CancelledError"})
+
+
+class _Raised:
+    """A StopIteration a sync tool raised in its thread, carried back as a value: asyncio
+    cannot set one on a future (it raises TypeError in the executor's callback instead, and
+    the awaiting node would wait forever)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: StopIteration) -> None:
+        self.error = error
+
+
+def _in_thread(fn: Callable[[dict[str, Any]], Any], args: dict[str, Any]) -> Any:
+    try:
+        return fn(args)
+    except StopIteration as exc:
+        return _Raised(exc)
