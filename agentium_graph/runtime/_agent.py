@@ -58,7 +58,7 @@ from agentium_graph.runtime import _effects as effects
 from agentium_graph.runtime._blobs import read_verified
 from agentium_graph.runtime._context import CancelFlag, ToolContext
 from agentium_graph.runtime._graph import NodeSpec
-from agentium_graph.runtime._outcome import Outcome, check_output, schema_error
+from agentium_graph.runtime._outcome import Outcome, bytes_over, check_output, schema_error
 from agentium_graph.runtime._reach import pinned_tool_version
 from agentium_graph.runtime._tool import invoke_tool
 from agentium_graph.store._requests import AppendJournal, Charge, RecordAction
@@ -336,21 +336,20 @@ async def fetch_response(run: TaskRun, caller: ModelCaller, request: ModelReques
                                admission_id(caller.incarnation, f"usage:{req_digest}"),
                                caller.node_id)
     limit = run.max_blob_bytes
-    # (A character is at most 4 UTF-8 bytes: most responses skip the encoding.)
-    if limit is not None and len(text) * 4 > limit:
-        size = len(text.encode("utf-8", "surrogatepass"))
-        if size > limit:
-            # The store would refuse its blob (and every re-run would pay for the call
-            # again): its usage is charged and the refusal journaled instead, so a re-run
-            # ends the same way without asking the model.
-            refusal = {"bytes": size, "limit": limit}
-            await run.submit([AppendJournal(kind=caller.journal_kind, node_id=caller.node_id,
-                                            data={"request_digest": req_digest,
-                                                  "too_large": refusal,
-                                                  "usage": response.usage.model_dump()}),
-                              *extra], clamp=True)
-            run.agent_records.refused[(owner, req_digest)] = refusal
-            raise _too_large(caller, size, limit)
+    size = bytes_over(text, limit)
+    if size is not None:
+        assert limit is not None
+        # The store would refuse its blob (and every re-run would pay for the call
+        # again): its usage is charged and the refusal journaled instead, so a re-run
+        # ends the same way without asking the model.
+        refusal = {"bytes": size, "limit": limit}
+        await run.submit([AppendJournal(kind=caller.journal_kind, node_id=caller.node_id,
+                                        data={"request_digest": req_digest,
+                                              "too_large": refusal,
+                                              "usage": response.usage.model_dump()}),
+                          *extra], clamp=True)
+        run.agent_records.refused[(owner, req_digest)] = refusal
+        raise _too_large(caller, size, limit)
     resp_digest = digest_text(text)
     steps: list[Any] = [
         AppendJournal(kind=caller.journal_kind, node_id=caller.node_id, data={

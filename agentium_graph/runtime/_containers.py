@@ -26,7 +26,7 @@ from agentium_graph.catalog._bindings import GraphBinding, RepeatBinding
 from agentium_graph.errors import ErrorInfo, NodeOutputError
 from agentium_graph.plan._validate import CompiledPlan
 from agentium_graph.runtime._graph import NodeSpec, Scope, child_prefix
-from agentium_graph.runtime._outcome import schema_error
+from agentium_graph.runtime._outcome import bytes_over, schema_error
 from agentium_graph.store._records import NodeRecord
 from agentium_graph.store._requests import (
     AddNodes,
@@ -225,8 +225,8 @@ def _settle(run: TaskRun, binding: GraphBinding | RepeatBinding, container: str,
     # Its children's outputs each fit the store, their sum may not: the commit would be
     # refused with the children's completions in it, on every run (as check_output for a
     # leaf, the node fails instead).
-    if limit is not None and len(text) * 4 > limit and len(text.encode("utf-8")) > limit:
-        size = len(text.encode("utf-8"))
+    size = bytes_over(text, limit)
+    if size is not None:
         _fail(run, container, steps, "node_output_invalid",
               f"node {container!r}: its output (its children's outputs together) is {size} "
               f"bytes as JSON, more than the {limit} bytes the store keeps in one record; "

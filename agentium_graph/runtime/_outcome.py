@@ -50,6 +50,16 @@ def node_error(info: ErrorInfo, message: str, node_id: str | None) -> NodeFailed
     return cls(message, node_id=node_id, details=info.details, cause=info)
 
 
+def bytes_over(text: str, limit: int | None) -> int | None:
+    """The UTF-8 size of ``text`` when it is over ``limit`` bytes (a store's
+    ``max_blob_bytes``), else None. A character is at most 4 UTF-8 bytes: most texts are
+    not encoded at all."""
+    if limit is None or len(text) * 4 <= limit:
+        return None
+    size = len(text.encode("utf-8", "surrogatepass"))
+    return size if size > limit else None
+
+
 def check_output(node_id: str, binding: Binding, result: Any,
                  max_bytes: int | None = None) -> Outcome:
     """A completed outcome with canonical text and digest, or a failed one naming why.
@@ -68,15 +78,13 @@ def check_output(node_id: str, binding: Binding, result: Any,
         return Outcome("failed", error=schema_error(NodeOutputError, node_id, "output",
                                                     errors[0]).to_info())
     text = canonical_json(result, trusted=True)  # checked just above
-    # (A character is at most 4 UTF-8 bytes: most outputs skip the encoding.)
-    if max_bytes is not None and len(text) * 4 > max_bytes:
-        size = len(text.encode("utf-8"))
-        if size > max_bytes:
-            return Outcome("failed", error=NodeOutputError(
-                f"node {node_id!r}: its output is {size} bytes as JSON, more than the "
-                f"{max_bytes} bytes the store keeps in one record; return a smaller output "
-                "(keep large data elsewhere and return a reference to it)", node_id=node_id,
-                details={"bytes": size, "limit": max_bytes}).to_info())
+    size = bytes_over(text, max_bytes)
+    if size is not None:
+        return Outcome("failed", error=NodeOutputError(
+            f"node {node_id!r}: its output is {size} bytes as JSON, more than the "
+            f"{max_bytes} bytes the store keeps in one record; return a smaller output "
+            "(keep large data elsewhere and return a reference to it)", node_id=node_id,
+            details={"bytes": size, "limit": max_bytes}).to_info())
     # The value successors and the result see is the journaled one, never the tool's own
     # object: a tool (or a later one) mutating what it returned must not make this run
     # differ from a recovery, which reads the journaled text.
