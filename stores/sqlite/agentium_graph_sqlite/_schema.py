@@ -131,11 +131,18 @@ def _path_errors(path: Path) -> Iterator[None]:
             "was changed)", details={"path": str(path), "errno": exc.errno}) from exc
 
 
+def _wal_with_commits(path: Path) -> Path | None:
+    """The write-ahead log of ``path`` when it holds something (commits that may not be in
+    the file yet), else None."""
+    wal = path.with_name(path.name + "-wal")
+    return wal if wal.is_file() and wal.stat().st_size > 0 else None
+
+
 def _orphaned_wal(path: Path) -> StoreError | None:
     """The error for a write-ahead log left without its database file, or None. SQLite
     would create an empty database there and discard the log with the commits it holds."""
-    wal = path.with_name(path.name + "-wal")
-    if not wal.is_file() or wal.stat().st_size == 0:
+    wal = _wal_with_commits(path)
+    if wal is None:
         return None
     return StoreError(
         f"cannot open SQLite store {str(path)!r}: the file does not exist, but its "
@@ -189,14 +196,13 @@ def open_read_only(settings: Settings) -> tuple[sqlite3.Connection, int]:
         if path.stat().st_size == 0:
             raise _not_ours(path, "the file is empty")
         read_only_fs = read_only_filesystem(path)
-        wal = path.with_name(path.name + "-wal")
         shm = path.with_name(path.name + "-shm")
         # A reader of a WAL database needs its -shm file, which SQLite creates next to it
         # when no connection has: impossible on a read-only mount, or in a directory this
         # user may not write (an operator reading a service's database while it is idle).
         no_shm = read_only_fs or (not shm.exists() and
                                   not os.access(path.parent, os.W_OK | os.X_OK))
-        wal_commits = no_shm and wal.exists() and wal.stat().st_size > 0
+        wal = _wal_with_commits(path) if no_shm else None
     query = "?mode=ro"
     if no_shm:
         # With no -wal holding commits, the file itself is the whole database: it is
@@ -204,7 +210,7 @@ def open_read_only(settings: Settings) -> tuple[sqlite3.Connection, int]:
         # would invalidate: fine for a short read (the CLI), not for a long-lived reader.
         where = "it is on a read-only filesystem" if read_only_fs else \
             f"its directory {str(path.parent)!r} is not writable by this user"
-        if wal_commits:
+        if wal is not None:
             raise StoreError(
                 f"cannot open SQLite store {str(path)!r}: {where} and its write-ahead log "
                 f"{str(wal)!r} holds commits not yet in the file; copy the file with its -wal "
