@@ -39,6 +39,7 @@ class Stop:
     reason: StopReason
     error: AgentiumGraphError
     info: ErrorInfo | None = None
+    node_id: str | None = None  # the node whose failure stops the run
 
 
 def observe_stop(run: TaskRun) -> None:
@@ -158,7 +159,31 @@ def recovery_stop(run: TaskRun) -> Stop:
 def failure_stop(run: TaskRun, node_id: str, info: ErrorInfo | None) -> Stop:
     info = info or ErrorInfo(code="node_failed", message="node failed", node_id=node_id)
     return Stop("failed", node_error(info, f"node {node_id!r} failed: {info.message}",
-                                      node_id), info)
+                                      node_id), info, node_id)
+
+
+def _failed_containers(run: TaskRun, stop: Stop) -> dict[str, ErrorInfo]:
+    """The open containers holding the node whose failure stops the run, each with an error
+    naming that node: they failed with it (canceled would say someone stopped them)."""
+    failed: dict[str, ErrorInfo] = {}
+    child = stop.node_id
+    if stop.reason != "failed" or child is None:
+        return failed
+    info = stop.info
+    what = info.message if info is not None else "it failed"
+    spec = run.graph.specs.get(child)
+    scope = run.graph.scopes.get(spec.scope) if spec is not None else None
+    while scope is not None and scope.parent is not None:
+        container = scope.parent
+        if container not in run.closed:
+            failed[container] = ErrorInfo(
+                code="child_failed", node_id=container,
+                message=f"node {container!r}: its child {child!r} failed: {what}",
+                details={"child": child,
+                         **({"child_code": info.code} if info is not None else {})})
+        parent = run.graph.specs.get(container)
+        scope = run.graph.scopes.get(parent.scope) if parent is not None else None
+    return failed
 
 
 def final_steps(run: TaskRun, launching: bool) -> list[Step]:
@@ -172,10 +197,13 @@ def final_steps(run: TaskRun, launching: bool) -> list[Step]:
         return [SetStatus(status="completed", release_lease=True)]
     # Stopping and nothing is running: close every open node, then the task.
     steps: list[Step] = []
+    failed = _failed_containers(run, stop)
     for node_id in run.graph.order:
         if node_id not in run.closed and stop.reason not in ("budget", "recovery"):
-            steps.append(SettleNode(node_id=node_id, state="canceled",
-                                    error=stop.error.to_info()))
+            error = failed.get(node_id)
+            steps.append(SettleNode(node_id=node_id, state="canceled", error=stop.error.to_info())
+                         if error is None else
+                         SettleNode(node_id=node_id, state="failed", error=error))
     if stop.reason == "recovery":
         stop = recovery_stop(run)  # name every uncertain action, not just the first
         run.stop = stop
