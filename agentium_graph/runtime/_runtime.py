@@ -136,12 +136,30 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def _checked_clock(clock: Callable[[], datetime]) -> Callable[[], datetime]:
+    """``clock``, checked on every call: its times are written into records and compared
+    with deadlines and lease expiries, so anything but an aware datetime (a naive one, a
+    string or a number the store's models would coerce) is refused before it is used."""
+    def now() -> datetime:
+        value = clock()
+        if isinstance(value, datetime) and value.utcoffset() is not None:
+            return value
+        what = "a naive datetime (no UTC offset)" if isinstance(value, datetime) else kind(value)
+        raise ConfigurationError(
+            f"clock returned {what}: it must return a timezone-aware datetime, such as "
+            "datetime.now(UTC); nothing was written with it",
+            details={"returned": type(value).__name__,
+                     "value": repr(value)})
+    return now
+
+
 class ExecutionGraphRuntime:
     """Runs validated JSON DAG plans durably against a host catalog and a task store.
 
     ``lease_ttl``: seconds a lease lasts without renewal (default 15, at most 30).
     ``poll_interval``: seconds between lease renewals, which also observe cancel requests.
-    ``clock``: injectable source of aware UTC datetimes.
+    ``clock``: injectable source of aware UTC datetimes; a call that returns anything else
+    (a naive datetime, a string, a number) raises ConfigurationError before it is used.
     ``programs``: planner programs this runtime may run without having created their tasks
     (a worker recovering a planned task after a crash); ``create`` registers its program too.
     """
@@ -183,7 +201,8 @@ class ExecutionGraphRuntime:
         self.on_admission = on_admission
         self.lease_ttl = lease_ttl
         self.poll_interval = poll_interval
-        self.clock: Callable[[], datetime] = clock or _utcnow
+        self.clock: Callable[[], datetime] = _utcnow if clock is None else \
+            _checked_clock(clock)
         self.policy_revision = policy_revision
         if effect_timeout <= 0 or lookup_timeout <= 0 or not 1 <= lookup_attempts <= 10:
             raise ConfigurationError("effect_timeout and lookup_timeout must be positive and "
