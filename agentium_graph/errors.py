@@ -373,3 +373,14 @@ def config_error(kind: str, data: Mapping[str, Any], exc: ValidationError) -> Co
     problems = "; ".join(one(e) for e in exc.errors())
     name = data.get("id") or data.get("name")
     return ConfigurationError(f"invalid {kind}{' ' + repr(name) if name else ''}: {problems}")
+
+
+def int_only(value: Any) -> Any:
+    """For a ``mode="before"`` validator of a public int field: ``value`` itself when it is
+    an int (or None, which the field's own type accepts or refuses). A bool, a float or a
+    string, which pydantic's lax mode would turn into an int (``True`` into 1, ``"3"`` into
+    3), raises ValueError saying what it is: config errs loudly rather than guess."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    text = bound_text(repr(value), 40)
+    raise ValueError(f"must be an int, not {type(value).__name__} {text}")

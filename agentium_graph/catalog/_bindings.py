@@ -26,7 +26,7 @@ from agentium_graph._canonical import NotJSONError, check_json, json_copy
 from agentium_graph._fastschema import Predicate, compile_fast
 from agentium_graph._program import ExecutionGraphProgram
 from agentium_graph._schemarefs import check_refs, local_registry
-from agentium_graph.errors import ConfigurationError, config_error, positional
+from agentium_graph.errors import ConfigurationError, config_error, int_only, positional
 from agentium_graph.providers._protocol import shape_problem
 
 if TYPE_CHECKING:
@@ -315,6 +315,11 @@ class Agent(BaseModel):
         except ValidationError as exc:
             raise config_error("Agent", data, exc) from None
 
+    @field_validator("max_turns", "max_output_tokens", mode="before")
+    @classmethod
+    def _ints_only(cls, value: Any) -> Any:
+        return int_only(value)  # not True, 2.0 or "3" (pydantic's lax mode takes those)
+
     @model_validator(mode="after")
     def _reject_opaque(self) -> Agent:
         for name in ("result_cache", "tool_resolver", "memory"):
@@ -398,6 +403,11 @@ class RepeatBinding(_BindingBase):
         """``RepeatBinding(program, max_iterations, condition=..., id=..., version=...)``."""
         super().__init__(**positional("RepeatBinding", ("program", "max_iterations"), args,
                                       data))
+
+    @field_validator("max_iterations", mode="before")
+    @classmethod
+    def _ints_only(cls, value: Any) -> Any:
+        return int_only(value)  # not True, 2.0 or "3" (pydantic's lax mode takes those)
 
     @model_validator(mode="after")
     def _not_empty(self) -> RepeatBinding:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
+
+from pydantic import Field, field_validator
 
 from agentium_graph._program import ConfigModel as _Config
+from agentium_graph.errors import int_only
 
 # Seconds a worker's lease lasts unless renewed: the runtime's default, and what the CLI and
 # the resolution helpers take when they hold a task briefly (cancel, resolve).
@@ -24,6 +27,11 @@ class RootLimits(_Config):
     max_work_attempts: int = Field(default=1_000, ge=1)
     max_plan_revisions: int = Field(default=32, ge=1)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _ints_only(cls, value: Any) -> Any:
+        return int_only(value)  # not True, 2.0 or "3" (pydantic's lax mode takes those)
+
 
 class Budgets(_Config):
     """Optional budgets in addition to root limits; ``None`` means unbounded."""
@@ -32,6 +40,11 @@ class Budgets(_Config):
     tool_calls: int | None = Field(default=None, ge=0)
     input_tokens: int | None = Field(default=None, ge=0)
     output_tokens: int | None = Field(default=None, ge=0)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _ints_only(cls, value: Any) -> Any:
+        return int_only(value)
 
 
 def counter_limits(limits: RootLimits, budgets: Budgets) -> dict[str, int | None]:
