@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Coroutine, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from opentelemetry import trace
 
@@ -37,6 +37,20 @@ def span(name: str, attributes: Mapping[str, AttrValue]) -> AbstractContextManag
     if not _configured():
         return nullcontext()
     return _tracer.start_as_current_span(name, attributes=dict(attributes))
+
+
+_NO_SPAN: Final = nullcontext()
+
+
+def attempt_span(key: str, node_id: str, attempt: int,
+                 binding: str) -> AbstractContextManager[Any]:
+    """:func:`span` of one attempt of a node; its attributes are built only when a tracer
+    provider is configured (this runs once per node)."""
+    if not _configured():
+        return _NO_SPAN
+    return _tracer.start_as_current_span("agentium_graph.node.attempt", attributes={
+        "agentium.task.key": key, "agentium.node.id": node_id, "agentium.attempt": attempt,
+        "agentium.binding": binding})
 
 
 def start_span(name: str, attributes: Mapping[str, AttrValue]) -> Any:

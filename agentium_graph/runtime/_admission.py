@@ -117,10 +117,12 @@ class AdmissionController:
             ticket = self._queue.popleft()
             ticket.granted = True
             self._active += 1
-            _end_wait(ticket, "admitted")
+            if ticket.wait_span is not None:
+                _end_wait(ticket, "admitted")
             if not ticket.future.done():
                 ticket.future.set_result(None)
-            self.emit("admitted", ticket.node_id)
+            if self._on_event is not None:
+                self.emit("admitted", ticket.node_id)
 
     def free_ticket(self, node_id: str | None) -> Ticket:
         """A placeholder for work that holds no permit (agents): never counted, never queued."""
@@ -174,8 +176,10 @@ class AdmissionController:
             return
         ticket.released = True
         self._active -= 1
-        self.emit("released", ticket.node_id)
-        self._grant_waiting()
+        if self._on_event is not None:
+            self.emit("released", ticket.node_id)
+        if self._queue:
+            self._grant_waiting()
 
     def reject_all(self, reason: str) -> None:
         """Reject every queued waiter (cancellation, deadline, failure)."""

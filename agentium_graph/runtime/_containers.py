@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 
 def is_container(spec: NodeSpec) -> bool:
-    return isinstance(spec.binding, GraphBinding | RepeatBinding)
+    return spec.kind == "container"
 
 
 def child_records(key: str, scope: Scope, container: str) -> tuple[NodeRecord, ...]:

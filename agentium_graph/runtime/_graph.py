@@ -8,11 +8,30 @@ admission, budgets and group commits cover every level.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from agentium_graph.catalog._bindings import Binding
+from agentium_graph.catalog._bindings import (
+    AgentBinding,
+    Binding,
+    GraphBinding,
+    RepeatBinding,
+    ToolBinding,
+)
 from agentium_graph.plan._validate import CompiledPlan, Ref
+
+NodeKind = Literal["container", "agent", "effect", "tool", "other"]
+
+
+def node_kind(binding: Binding) -> NodeKind:
+    if isinstance(binding, GraphBinding | RepeatBinding):
+        return "container"
+    if isinstance(binding, AgentBinding):
+        return "agent"
+    if isinstance(binding, ToolBinding):
+        return "effect" if binding.connector is not None else "tool"
+    return "other"
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +46,17 @@ class NodeSpec:
     refs: tuple[Ref, ...]         # ``Ref.node`` is a local id (or ``$input``/``$previous``)
     deps: tuple[str, ...]         # full ids
     literal: bool = False         # args hold ``$literal`` wrappers (resolved like refs)
+    # Derived from ``binding`` once, for the scheduler's per-node checks.
+    kind: NodeKind = field(init=False, compare=False, repr=False)
+    # A tool whose ``execute`` is an ``async def`` (awaited on the loop, not in a thread).
+    is_async: bool = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        binding = self.binding
+        object.__setattr__(self, "kind", node_kind(binding))
+        object.__setattr__(self, "is_async", isinstance(binding, ToolBinding) and
+                           binding.execute is not None and
+                           inspect.iscoroutinefunction(binding.execute))
 
 
 @dataclass(slots=True)
@@ -76,7 +106,8 @@ class FlatGraph:
             node = plan.nodes[local]
             spec = NodeSpec(id=prefix + local, local=local, scope=prefix,
                             binding=node.binding, args=node.args, refs=node.refs,
-                            deps=tuple(prefix + d for d in node.deps), literal=node.literal)
+                            deps=tuple(prefix + d for d in node.deps) if prefix else node.deps,
+                            literal=node.literal)
             self.specs[spec.id] = spec
             self.pos[spec.id] = len(self.order)
             self.order.append(spec.id)

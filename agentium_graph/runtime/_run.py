@@ -26,7 +26,7 @@ from agentium_graph._canonical import (
 )
 from agentium_graph._otel import span
 from agentium_graph._program import ExecutionGraphProgram
-from agentium_graph.catalog._bindings import AgentBinding, ToolBinding
+from agentium_graph.catalog._bindings import AgentBinding
 from agentium_graph.errors import (
     AgentiumGraphError,
     BudgetExhaustedError,
@@ -52,6 +52,7 @@ from agentium_graph.runtime._agent import (
     run_agent,
 )
 from agentium_graph.runtime._context import ToolContext
+from agentium_graph.runtime._eager import NOT_DONE, start_eager
 from agentium_graph.runtime._frontier import CONTAINERS as FRONTIER_CONTAINERS
 from agentium_graph.runtime._frontier import Frontier, Turn
 from agentium_graph.runtime._graph import FlatGraph, NodeSpec
@@ -439,7 +440,7 @@ class TaskRun:
 
     def _frontier_group(self, node_id: str) -> str:
         spec = self.graph.specs[node_id]
-        return FRONTIER_CONTAINERS if containers.is_container(spec) else spec.scope
+        return FRONTIER_CONTAINERS if spec.kind == "container" else spec.scope
 
     def _request_ready(self, steps: list[Step], pending: dict[str, int]) -> None:
         # Only the frontier is examined (nodes whose dependencies just completed, or newly
@@ -472,7 +473,7 @@ class TaskRun:
             if node_id in self.done or not self._is_ready(node):
                 self.frontier.discard(node_id)  # re-added when a dependency completes
                 continue
-            leaf = not containers.is_container(node)
+            leaf = node.kind != "container"
             if leaf and in_scope.get(node.scope, 0) >= \
                     self.graph.scopes[node.scope].concurrency:
                 # Its plan's concurrency is full for the rest of this turn: this node and
@@ -487,7 +488,7 @@ class TaskRun:
                 self.closed.add(node_id)
                 begin_stop(self, failure_stop(self, node_id, exc.to_info()))
                 return
-            if containers.is_container(node):
+            if not leaf:
                 # Containers hold no permit: entering one only materializes its children.
                 if self.nodes[node_id].state == "running":
                     continue
@@ -496,7 +497,7 @@ class TaskRun:
                     return
                 continue
             in_scope[node.scope] = in_scope.get(node.scope, 0) + 1
-            if isinstance(node.binding, AgentBinding):
+            if node.kind == "agent":
                 self.ready[node_id] = _Ready(node_id, args, digest(args, trusted=True),
                                              self.admission.free_ticket(node_id), free=True)
                 continue
@@ -564,7 +565,7 @@ class TaskRun:
                 charges: dict[str, int] = {}
                 adm: str | None = None
                 intent = None
-            elif _is_effect(node):
+            elif node.kind == "effect":
                 start, charges, intent = effects.start_steps(
                     self, node, rec, att, item.args, item.input_digest)
                 adm = intent.admission_id if intent else None
@@ -616,14 +617,27 @@ class TaskRun:
         running = _Running(node.id, item.ticket, ctx)
         self.running[node.id] = running
         body: Coroutine[Any, Any, Outcome]
-        if isinstance(node.binding, AgentBinding):
+        if node.kind == "agent":
             body = run_agent(self, node, item.args)
-        elif _is_effect(node):
+        elif node.kind == "effect":
             body = effects.execute_effect(self, node, item.args)
         else:
             body = invoke_tool(self, node, item.args, ctx)
-        running.task = asyncio.create_task(body, name=f"node:{self.key}:{node.id}")
-        running.task.add_done_callback(functools.partial(self._on_done, node.id))
+        name = f"node:{self.key}:{node.id}"
+        value: Any
+        if self.lost is not None or self.cancel_reason is not None:
+            # The lease was lost or a cancel arrived while this turn's commit was in flight:
+            # the next turn stops the run, and cancels this task before its code runs.
+            running.task = asyncio.create_task(body, name=name)
+            value = NOT_DONE
+        else:
+            # Started eagerly: a tool that returns without suspending has its outcome taken
+            # in this very turn (``_wait`` then returns at once), with no event-loop pass.
+            running.task, value = start_eager(asyncio.get_running_loop(), body, name)
+        if value is NOT_DONE:
+            running.task.add_done_callback(functools.partial(self._on_done, node.id))
+        else:
+            self.finished.append((node.id, value))
 
     def _on_done(self, node_id: str, task: asyncio.Task[Outcome]) -> None:
         if task.cancelled() and self.stop is None:
@@ -765,8 +779,3 @@ class TaskRun:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         self.running.clear()
-
-
-def _is_effect(node: NodeSpec) -> bool:
-    return isinstance(node.binding, ToolBinding) and node.binding.connector is not None
-

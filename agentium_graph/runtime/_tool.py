@@ -8,7 +8,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from agentium_graph._otel import span
+from agentium_graph._otel import attempt_span
 from agentium_graph.catalog._bindings import ToolBinding
 from agentium_graph.errors import ConfigurationError, ErrorInfo, NodeFailedError
 from agentium_graph.runtime import _effects as effects
@@ -28,13 +28,10 @@ async def invoke_tool(run: TaskRun, node: NodeSpec, args: dict[str, Any],
             f"node {node.id!r}: {binding.kind} bindings are not executable by this "
             "runtime version", node_id=node.id)
     fn = binding.execute
-    with span("agentium_graph.node.attempt", {"agentium.task.key": run.key,
-                                              "agentium.node.id": node.id,
-                                              "agentium.attempt": ctx.attempt,
-                                              "agentium.binding": binding.id}):
+    with attempt_span(run.key, node.id, ctx.attempt, binding.id):
         token = set_context(ctx)
         try:
-            if inspect.iscoroutinefunction(fn):
+            if node.is_async:
                 result = await fn(args)
             elif binding.run_in_thread:
                 result = await asyncio.to_thread(_in_thread, fn, args)
@@ -42,7 +39,7 @@ async def invoke_tool(run: TaskRun, node: NodeSpec, args: dict[str, Any],
                     raise result.error
             else:
                 result = fn(args)
-            if inspect.isawaitable(result):
+            if type(result) not in _PLAIN and inspect.isawaitable(result):
                 result = await result
         except asyncio.CancelledError as exc:
             if effects.runtime_cancelled():
@@ -56,6 +53,10 @@ async def invoke_tool(run: TaskRun, node: NodeSpec, args: dict[str, Any],
         finally:
             reset_context(token)
     return check_output(node.id, binding, result, run.max_blob_bytes)
+
+
+# What a tool returns when it returns data: nothing of these types is awaitable.
+_PLAIN = frozenset({dict, list, str, int, float, bool, type(None)})
 
 
 def escaped_cancel(node_id: str) -> NodeFailedError:
