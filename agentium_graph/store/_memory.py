@@ -291,7 +291,7 @@ class InMemoryDurableTaskStore:
         # Callers never await between loading and this write: atomic for asyncio callers.
         # Every copy is made before anything changes: a copy that fails changes nothing.
         own_header = _own_header(header)
-        own_journal = [record_json(e) for e in journal]
+        own_journal = [e.__pydantic_serializer__.to_json(e).decode() for e in journal]
         nodes = {} if delta is None else {k: _own_node(v) for k, v in delta.nodes.items()}
         actions = {} if delta is None else {
             k: _own_action(v) for k, v in delta.actions.items()}

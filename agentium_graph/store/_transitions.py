@@ -195,7 +195,10 @@ class _Apply:
 
     def log(self, kind: str, node_id: str | None = None, **data: object) -> None:
         # ``data`` is this call's own dict (keyword arguments): the entry can keep it.
-        self.entry(kind, node_id, data)
+        # (entry()'s body: log runs three times per node.)
+        self.journal.append(journal_entry(
+            self.journal_seq + len(self.journal) + 1, self.now, kind, node_id, self.fence,
+            data))
 
     def entry(self, kind: str, node_id: str | None, data: dict[str, object]) -> None:
         """Append an entry holding ``data`` itself (pass a dict nothing else holds)."""
@@ -268,8 +271,11 @@ class _Apply:
     def step(self, step: Step) -> None:
         now = self.now
         if isinstance(step, StartAttempt):
-            rec = self.node(step.node_id)
-            self.move(rec, "running")
+            # node() and move(), inlined for the two steps every node takes.
+            rec = self.changed_nodes.get(step.node_id) or self.nodes.get(step.node_id) or \
+                self.node(step.node_id)
+            if "running" not in NODE_TRANSITIONS[rec.state]:
+                self.move(rec, "running")
             self.require_completed(step.node_id, step.requires_completed)
             attempts = list(rec.attempts)
             if attempts and attempts[-1].ended_at is None:
@@ -296,8 +302,10 @@ class _Apply:
             self.log("attempt_started", rec.node_id, attempt=number,
                      attempt_id=step.attempt_id, input_digest=step.input_digest)
         elif isinstance(step, SettleNode):
-            rec = self.node(step.node_id)
-            self.move(rec, step.state)
+            rec = self.changed_nodes.get(step.node_id) or self.nodes.get(step.node_id) or \
+                self.node(step.node_id)
+            if step.state not in NODE_TRANSITIONS[rec.state]:
+                self.move(rec, step.state)
             if step.state == "completed" and step.output_digest is None:
                 raise InvalidTransitionError(
                     f"completing node {rec.node_id!r} needs an output digest",
