@@ -14,12 +14,13 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
 from agentium_graph._canonical import NotJSONError, digest, json_copy
 from agentium_graph._schemarefs import check_refs, local_registry
-from agentium_graph.errors import ConfigurationError, config_error, positional
+from agentium_graph.errors import ConfigurationError, config_error, int_only, positional
 from agentium_graph.providers._protocol import shape_problem
 
 
@@ -48,7 +49,17 @@ def keywords_only(cls: type[BaseModel], given: int) -> str:
             "positional argument(s); name each value")
 
 
-class PlanLimits(ConfigModel):
+class _IntLimits(ConfigModel):
+    """Config whose fields are all ints: real ints only, never True, 2.0 or "3" (which
+    pydantic's lax mode would take and pin with the task as 1, 2 and 3)."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _ints_only(cls, value: Any) -> Any:
+        return int_only(value)
+
+
+class PlanLimits(_IntLimits):
     """Bounds on one plan; the host sets them, a planner's proposals never change them."""
 
     max_bytes: int = Field(default=128_000, ge=64)
@@ -57,7 +68,7 @@ class PlanLimits(ConfigModel):
     max_concurrency: int = Field(default=5, ge=1)
 
 
-class StreamLimits(ConfigModel):
+class StreamLimits(_IntLimits):
     """Bounds on a streaming planner's output (``PlannerConfig(mode="stream", stream=...)``)."""
 
     max_frame_bytes: int = Field(default=64_000, ge=64)
@@ -87,6 +98,11 @@ class PlannerConfig(BaseModel):
             super().__init__(**data)
         except ValidationError as exc:
             raise config_error("PlannerConfig", data, exc) from None
+
+    @field_validator("max_corrections", "max_output_tokens", mode="before")
+    @classmethod
+    def _ints_only(cls, value: Any) -> Any:
+        return int_only(value)
 
     @model_validator(mode="after")
     def _provider_shape(self) -> PlannerConfig:

@@ -20,8 +20,11 @@ from agentium_graph import (
     ExecutionGraphProgram,
     ExecutionGraphRuntime,
     HostCatalog,
+    PlanLimits,
+    PlannerConfig,
     RepeatBinding,
     RootLimits,
+    StreamLimits,
 )
 from agentium_graph.providers import ScriptedProvider, ScriptedTurn
 from tests.conftest import Calls, chain_plan, make_catalog, program
@@ -40,13 +43,20 @@ def _provider() -> ScriptedProvider:
     return ScriptedProvider([ScriptedTurn(text="hi")])
 
 
-def _model(cls: type[RootLimits | Budgets], name: str) -> Callable[[Any], object]:
+def _model(cls: type[RootLimits | Budgets | PlanLimits | StreamLimits],
+           name: str) -> Callable[[Any], object]:
     return lambda value: cls(**{name: value})
 
 
 MAKERS: dict[str, Callable[[Any], object]] = {
     **{f"RootLimits.{f}": _model(RootLimits, f) for f in RootLimits.model_fields},
     **{f"Budgets.{f}": _model(Budgets, f) for f in Budgets.model_fields},
+    **{f"PlanLimits.{f}": _model(PlanLimits, f) for f in PlanLimits.model_fields},
+    **{f"StreamLimits.{f}": _model(StreamLimits, f) for f in StreamLimits.model_fields},
+    "PlannerConfig.max_corrections": lambda v: PlannerConfig(
+        provider=_provider(), host_instructions="plan", max_corrections=v),
+    "PlannerConfig.max_output_tokens": lambda v: PlannerConfig(
+        provider=_provider(), host_instructions="plan", max_output_tokens=v),
     "RepeatBinding.max_iterations": lambda v: RepeatBinding(
         id="r", version="1", program=_step(), max_iterations=v, condition=lambda s: False),
     "Agent.max_turns": lambda v: Agent(_provider(), "be brief", max_turns=v),
@@ -69,7 +79,12 @@ class Level(enum.IntEnum):
     TWO = 2
 
 
-@pytest.mark.parametrize("field", sorted(MAKERS))
+# Fields whose lower bound is above 2 (sizes in bytes, at least 64).
+BYTE_SIZES = {"PlanLimits.max_bytes", "StreamLimits.max_frame_bytes",
+              "StreamLimits.max_total_bytes"}
+
+
+@pytest.mark.parametrize("field", sorted(set(MAKERS) - BYTE_SIZES))
 @pytest.mark.parametrize("value", [2, Level.TWO])
 def test_an_int_field_takes_ints(field: str, value: int) -> None:
     made = MAKERS[field](value)
