@@ -147,3 +147,25 @@ async def test_an_exception_of_the_first_step_is_the_tasks_own() -> None:
     assert value is NOT_DONE
     with pytest.raises(Boom):
         await task
+
+
+async def test_a_hosts_task_factory_is_respected() -> None:
+    loop = asyncio.get_running_loop()
+    made: list[str] = []
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any) -> asyncio.Task[Any]:
+        made.append("factory")  # no context parameter, as many older factories
+        return asyncio.Task(coro, loop=loop)
+
+    async def tool(args: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True}
+
+    loop.set_task_factory(factory)
+    try:
+        rt = _runtime(tool)
+        await rt.create("k", _plan("a"))
+        result = await rt.run("k")
+    finally:
+        loop.set_task_factory(None)
+    assert result.output == {"a": {"ok": True}}
+    assert made  # the node's task came from the host's factory

@@ -37,7 +37,11 @@ def start_eager(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T],
     that step finished it (else :data:`NOT_DONE`: await the task or add a done callback).
 
     The value is handed over only for a coroutine that *returned*; one that raised (even a
-    ``BaseException``) is reported by its task, like any task's failure."""
+    ``BaseException``) is reported by its task, like any task's failure. A loop with a task
+    factory of the host's gets an ordinary ``create_task``: that factory decides what a
+    task is (and may not take the ``context`` argument the 3.11 path passes)."""
+    if loop.get_task_factory() is not None:
+        return loop.create_task(coro, name=name), NOT_DONE
     if _NATIVE:  # pragma: no cover - CI runs 3.11; the 3.12 test job covers this branch
         task: asyncio.Task[T] = asyncio.Task(coro, loop=loop, name=name,  # type: ignore[call-arg, unused-ignore]
                                              eager_start=True)
