@@ -15,6 +15,7 @@ AttrValue = str | int | float | bool
 
 
 _UNKNOWN = object()
+_NO_SPAN: Final = nullcontext()  # reusable: what every span is while tracing is off
 # With this variable set, the first get_tracer_provider() call loads that provider.
 _FROM_ENVIRONMENT = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 
@@ -35,11 +36,8 @@ def span(name: str, attributes: Mapping[str, AttrValue]) -> AbstractContextManag
     """A span named ``name``; skipped entirely while no tracer provider is configured, so
     the per-node path pays nothing for observability nobody collects."""
     if not _configured():
-        return nullcontext()
+        return _NO_SPAN
     return _tracer.start_as_current_span(name, attributes=dict(attributes))
-
-
-_NO_SPAN: Final = nullcontext()
 
 
 def attempt_span(key: str, node_id: str, attempt: int,

@@ -49,7 +49,7 @@ def keywords_only(cls: type[BaseModel], given: int) -> str:
             "positional argument(s); name each value")
 
 
-class _IntLimits(ConfigModel):
+class IntConfigModel(ConfigModel):
     """Config whose fields are all ints: real ints only, never True, 2.0 or "3" (which
     pydantic's lax mode would take and pin with the task as 1, 2 and 3)."""
 
@@ -59,7 +59,7 @@ class _IntLimits(ConfigModel):
         return int_only(value)
 
 
-class PlanLimits(_IntLimits):
+class PlanLimits(IntConfigModel):
     """Bounds on one plan; the host sets them, a planner's proposals never change them."""
 
     max_bytes: int = Field(default=128_000, ge=64)
@@ -68,7 +68,7 @@ class PlanLimits(_IntLimits):
     max_concurrency: int = Field(default=5, ge=1)
 
 
-class StreamLimits(_IntLimits):
+class StreamLimits(IntConfigModel):
     """Bounds on a streaming planner's output (``PlannerConfig(mode="stream", stream=...)``)."""
 
     max_frame_bytes: int = Field(default=64_000, ge=64)

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pydantic import Field
 
-from pydantic import Field, field_validator
-
-from agentium_graph._program import ConfigModel as _Config
-from agentium_graph.errors import int_only
+from agentium_graph._program import IntConfigModel
 
 # Seconds a worker's lease lasts unless renewed: the runtime's default, and what the CLI and
 # the resolution helpers take when they hold a task briefly (cancel, resolve).
 DEFAULT_LEASE_TTL = 15.0
 
 
-class RootLimits(_Config):
+class RootLimits(IntConfigModel):
     """Ceilings over a task's whole lifetime, shared by every nested graph and agent.
 
     ``max_concurrent_work``: controlled leaf dispatches (tool callbacks, model requests)
@@ -27,24 +24,14 @@ class RootLimits(_Config):
     max_work_attempts: int = Field(default=1_000, ge=1)
     max_plan_revisions: int = Field(default=32, ge=1)
 
-    @field_validator("*", mode="before")
-    @classmethod
-    def _ints_only(cls, value: Any) -> Any:
-        return int_only(value)  # not True, 2.0 or "3" (pydantic's lax mode takes those)
 
-
-class Budgets(_Config):
+class Budgets(IntConfigModel):
     """Optional budgets in addition to root limits; ``None`` means unbounded."""
 
     model_calls: int | None = Field(default=None, ge=0)
     tool_calls: int | None = Field(default=None, ge=0)
     input_tokens: int | None = Field(default=None, ge=0)
     output_tokens: int | None = Field(default=None, ge=0)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _ints_only(cls, value: Any) -> Any:
-        return int_only(value)
 
 
 def counter_limits(limits: RootLimits, budgets: Budgets) -> dict[str, int | None]:

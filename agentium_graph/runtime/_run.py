@@ -26,7 +26,6 @@ from agentium_graph._canonical import (
 )
 from agentium_graph._otel import span
 from agentium_graph._program import ExecutionGraphProgram
-from agentium_graph.catalog._bindings import AgentBinding
 from agentium_graph.errors import (
     AgentiumGraphError,
     BudgetExhaustedError,
@@ -218,7 +217,7 @@ class TaskRun:
 
     # --- public entry ---------------------------------------------------------------
     async def execute(self) -> TaskResult:
-        if any(isinstance(s.binding, AgentBinding) for s in self.graph.specs.values()) or \
+        if any(s.kind == "agent" for s in self.graph.specs.values()) or \
                 any(n.kind == "agent" for n in self.nodes.values()) or self.program is not None:
             await self._load_agent_records()
         keeper = asyncio.create_task(self._keep_lease(), name=f"lease:{self.key}")

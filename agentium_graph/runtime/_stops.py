@@ -7,11 +7,9 @@ status. The functions take the run whose loop calls them.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from agentium_graph.catalog._bindings import AgentBinding, ToolBinding
 from agentium_graph.errors import (
     AgentiumGraphError,
     BudgetExhaustedError,
@@ -127,13 +125,11 @@ def _cancellable(run: TaskRun, node_id: str) -> bool:
     # Effects are never preempted: a connector honors cancellation itself, and the
     # receipt of accepted remote work must still be recorded.
     spec = run.graph.specs.get(node_id)
-    binding = spec.binding if spec is not None else None
-    if isinstance(binding, AgentBinding):
-        # An agent's model calls are cancellable; an effect call it has in flight runs to
-        # its end in a task of its own first (_agent._unpreempted).
-        return True
-    return isinstance(binding, ToolBinding) and binding.execute is not None and \
-        inspect.iscoroutinefunction(binding.execute)
+    if spec is None:
+        return False
+    # An agent's model calls are cancellable; an effect call it has in flight runs to its
+    # end in a task of its own first (_agent._unpreempted). A pure tool is if it is async.
+    return spec.kind == "agent" or spec.is_async
 
 
 def check_recoverable(run: TaskRun) -> None:
