@@ -7,7 +7,7 @@ import json
 
 import click
 
-from agentium_graph.demo._demo import worker_main
+from agentium_graph.demo._demo import exit_when_parent_dies, worker_main
 
 
 @click.command()
@@ -16,7 +16,12 @@ from agentium_graph.demo._demo import worker_main
 @click.option("--worker", required=True)
 @click.option("--delay", type=float, default=0.0)
 @click.option("--call-log", default=None)
-def main(uri: str, key: str, worker: str, delay: float, call_log: str | None) -> None:
+@click.option("--exit-with-parent", is_flag=True,
+              help="Exit as soon as stdin reaches EOF (a pipe the parent demo holds open).")
+def main(uri: str, key: str, worker: str, delay: float, call_log: str | None,
+         exit_with_parent: bool) -> None:
+    if exit_with_parent:
+        exit_when_parent_dies()
     result = asyncio.run(worker_main(uri, key, worker, delay, call_log))
     click.echo(json.dumps(result))
 

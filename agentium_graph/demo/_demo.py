@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -54,15 +55,34 @@ async def worker_main(uri: str, key: str, worker: str, delay: float,
         await store.close()
 
 
+def exit_when_parent_dies() -> None:
+    """Watch stdin, a pipe whose only write end the parent demo holds, in a daemon thread
+    and end this worker at once when it reaches EOF: the demo has gone, however it died
+    (even SIGKILL, which runs none of its cleanup), and no one would stop this worker. A
+    pipe rather than polling the parent pid: no delay and no race with pid reuse."""
+    def watch() -> None:
+        try:
+            while os.read(0, 4096):  # the demo never writes; data would only be ignored
+                pass
+        except OSError:
+            return  # not a pipe we can watch: keep running rather than guess
+        os.write(2, b"demo worker: the demo process is gone; exiting\n")
+        os._exit(1)  # the task's progress is durable: a later run recovers it
+
+    threading.Thread(target=watch, name="demo-parent-watch", daemon=True).start()
+
+
 def _spawn(uri: str, delay: float, call_log: Path, workdir: Path, name: str,
            workers: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
     """Start a worker process, recorded in ``workers`` so it is stopped however the demo
     ends. Its output goes to files in ``workdir`` (a pipe nobody reads while the demo waits
-    could fill and stall it)."""
+    could fill and stall it). Its stdin is a pipe the demo keeps open and never writes: when
+    the demo dies the pipe closes and the worker exits (:func:`exit_when_parent_dies`)."""
     cmd = [sys.executable, "-m", "agentium_graph.demo", "--store", uri, "--key", KEY,
-           "--worker", WORKER, "--delay", str(delay), "--call-log", str(call_log)]
+           "--worker", WORKER, "--delay", str(delay), "--call-log", str(call_log),
+           "--exit-with-parent"]
     with open(workdir / f"{name}.out", "wb") as out, open(workdir / f"{name}.err", "wb") as err:
-        process = subprocess.Popen(cmd, stdout=out, stderr=err)
+        process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=err)
     workers.append(process)
     return process
 
@@ -79,6 +99,8 @@ def stop_workers(workers: list[subprocess.Popen[bytes]]) -> None:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
         process.wait()
+        if process.stdin is not None:  # only once it is dead: closing it ends the worker
+            process.stdin.close()
 
 
 async def _completed(store: DurableTaskStore) -> int:
