@@ -384,3 +384,15 @@ def int_only(value: Any) -> Any:
         return value
     text = bound_text(repr(value), 40)
     raise ValueError(f"must be an int, not {type(value).__name__} {text}")
+
+
+def bool_only(value: Any) -> Any:
+    """For a ``mode="before"`` validator of a public bool field: ``value`` itself when it is
+    a bool (or None, which the field's own type accepts or refuses). An int, a float or a
+    string, which pydantic's lax mode would turn into a bool (``1`` into True, ``"no"`` or
+    ``"false"`` into False), raises ValueError saying what it is: config errs loudly rather
+    than guess."""
+    if value is None or isinstance(value, bool):
+        return value
+    text = bound_text(repr(value), 40)
+    raise ValueError(f"must be a bool (True or False), not {type(value).__name__} {text}")

@@ -26,7 +26,13 @@ from agentium_graph._canonical import NotJSONError, check_json, json_copy
 from agentium_graph._fastschema import Predicate, compile_fast
 from agentium_graph._program import ExecutionGraphProgram
 from agentium_graph._schemarefs import check_refs, local_registry
-from agentium_graph.errors import ConfigurationError, config_error, int_only, positional
+from agentium_graph.errors import (
+    ConfigurationError,
+    bool_only,
+    config_error,
+    int_only,
+    positional,
+)
 from agentium_graph.providers._protocol import shape_problem
 
 if TYPE_CHECKING:
@@ -217,6 +223,11 @@ class ToolBinding(_BindingBase):
     destination: str | None = None
     run_in_thread: bool = True
 
+    @field_validator("run_in_thread", mode="before")
+    @classmethod
+    def _bools_only(cls, value: Any) -> Any:
+        return bool_only(value)  # not 1, 0 or "false" (pydantic's lax mode takes those)
+
     @model_validator(mode="after")
     def _check_recovery(self) -> ToolBinding:
         if self.connector is None:
@@ -319,6 +330,11 @@ class Agent(BaseModel):
     @classmethod
     def _ints_only(cls, value: Any) -> Any:
         return int_only(value)  # not True, 2.0 or "3" (pydantic's lax mode takes those)
+
+    @field_validator("stream", mode="before")
+    @classmethod
+    def _bools_only(cls, value: Any) -> Any:
+        return bool_only(value)  # not 1, 0 or "false" (pydantic's lax mode takes those)
 
     @model_validator(mode="after")
     def _reject_opaque(self) -> Agent:
