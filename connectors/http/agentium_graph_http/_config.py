@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import quote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from agentium_graph.errors import bool_only
 
 # Always fullmatch: "$" would also match before a trailing newline.
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -29,10 +31,11 @@ class HttpConnectorConfig(BaseModel):
     ``headers`` are static request headers (e.g. ``Authorization``); they are never shown
     in ``repr`` or in error messages (their values are redacted from quoted response
     bodies too), and must be valid HTTP field content: visible ASCII, with spaces or tabs
-    between. ``max_response_bytes`` bounds the decoded body read from any response.
-    ``dispatch_attempts`` applies only when ``idempotent_destination`` is true: only then
-    is resending a POST with the same key safe. ``lookup_attempts`` bounds lookup retries
-    (GETs are always safe to repeat).
+    between. ``max_response_bytes`` bounds the decoded body read from any response (a
+    gzip or deflate body is inflated no further than that). ``idempotent_destination``
+    takes a real bool only. ``dispatch_attempts`` applies only when
+    ``idempotent_destination`` is true: only then is resending a POST with the same key
+    safe. ``lookup_attempts`` bounds lookup retries (GETs are always safe to repeat).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -54,6 +57,13 @@ class HttpConnectorConfig(BaseModel):
     retry_max_wait_s: float = Field(default=5.0, ge=0, le=300)
     max_response_bytes: int = Field(default=DEFAULT_MAX_RESPONSE_BYTES, ge=1024,
                                     le=1024 * 1024 * 1024)
+
+    @field_validator("idempotent_destination", mode="before")
+    @classmethod
+    def _bools_only(cls, value: Any) -> Any:
+        # Not 1 or "false" (pydantic's lax mode takes those): the flag decides whether a
+        # dispatch is ever sent twice.
+        return bool_only(value)
 
     @field_validator("base_url")
     @classmethod

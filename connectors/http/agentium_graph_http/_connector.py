@@ -38,9 +38,12 @@ from agentium_graph_http._errors import (
     status_error,
     transport_error,
 )
+from agentium_graph_http._read import ACCEPT_ENCODING, read_reply
 
 _log = logging.getLogger("agentium_graph.connectors.http")
 _USER_AGENT = "agentium-graph-http/0.1.0"
+_RAISE_LIMIT = ("if this API's responses are that large, raise max_response_bytes (at most "
+                "1 GiB) in the connector's config")
 
 
 class HttpActionConnector:
@@ -245,11 +248,16 @@ class HttpActionConnector:
         """One request, bounded as a whole by ``timeout_s``; failures come out typed.
 
         Redirects are never followed, even by a caller's client that would, and at most
-        ``max_response_bytes`` of the decoded body are read.
+        ``max_response_bytes`` of the decoded body are read (or ever held), so only the
+        codings :func:`read_reply` inflates under that bound are asked for (unless the
+        static headers name their own ``Accept-Encoding``).
         """
         client = self._client()
+        sent = dict(headers)
+        if not any(name.lower() == "accept-encoding" for name in sent):
+            sent["Accept-Encoding"] = ACCEPT_ENCODING
         try:
-            request = client.build_request(method, url, content=body, headers=dict(headers),
+            request = client.build_request(method, url, content=body, headers=sent,
                                            timeout=httpx.Timeout(timeout_s))
         except Exception as exc:  # e.g. a header the client cannot encode: never sent
             raise build_error(exc, url, method) from exc
@@ -257,7 +265,7 @@ class HttpActionConnector:
             async with asyncio.timeout(timeout_s):
                 response = await client.send(request, stream=True, follow_redirects=False)
                 try:
-                    return await _read(response, self.config.max_response_bytes)
+                    return await read_reply(response, self.config.max_response_bytes)
                 finally:
                     await response.aclose()
         except Exception as exc:  # CancelledError is a BaseException and passes through
@@ -271,9 +279,10 @@ class HttpActionConnector:
             body = excerpt(response.text, self._secrets)
             raise HttpResponseTooLargeError(
                 f"{what} {url} returned HTTP {response.status} with a body larger than "
-                f"max_response_bytes={limit}, so it was not read: {body!r}; the server "
-                "accepted the request, so check it there and record the outcome with "
-                "runtime.resolve_action", url=url, status=response.status,
+                f"max_response_bytes={limit} (decoded), so it was not read: {body!r}; the "
+                "server accepted the request, so check it there and record the outcome "
+                f"with runtime.resolve_action; {_RAISE_LIMIT}", url=url,
+                status=response.status,
                 may_have_taken_effect=True, body_excerpt=body,
                 details={"max_response_bytes": limit})
         try:
@@ -303,7 +312,8 @@ class HttpActionConnector:
         if response.truncated:
             return Unknown(reason=f"lookup GET {url} returned HTTP {response.status} with a "
                            "body larger than max_response_bytes="
-                           f"{cfg.max_response_bytes}, so it was not read")
+                           f"{cfg.max_response_bytes} (decoded), so it was not read; "
+                           f"{_RAISE_LIMIT}")
         try:
             return ActionOutcome(output=_parse_json(response.content), result_ref=key)
         except ValueError as exc:
@@ -327,28 +337,6 @@ def _finite_float(text: str) -> float:
     if not math.isfinite(value):  # 1e999 parses as inf
         raise ValueError(f"{text[:40]} does not fit a finite float")
     return value
-
-
-async def _read(response: httpx.Response, limit: int) -> Reply:
-    """Read at most ``limit`` decoded bytes of ``response``'s body (a gzip body counts as
-    inflated); the rest is never read and the connection is closed by the caller."""
-    data = bytearray()
-    truncated = False
-    chunks = response.aiter_bytes()
-    try:
-        async for chunk in chunks:
-            room = limit - len(data)
-            if len(chunk) > room:
-                data += chunk[:room]
-                truncated = True
-                break
-            data += chunk
-    finally:
-        close = getattr(chunks, "aclose", None)  # an async generator: finish it here
-        if close is not None:
-            await close()
-    return Reply(status=response.status_code, headers=response.headers, content=bytes(data),
-                 truncated=truncated, charset=response.charset_encoding)
 
 
 def _parse_json(content: bytes) -> Any:
