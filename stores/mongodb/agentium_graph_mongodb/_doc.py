@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import bson
+
 from agentium_graph.store import TaskHeader
 from agentium_graph_mongodb._codec import check_version, header_from_doc, schema_errors
 
@@ -58,6 +60,21 @@ class TaskDoc:
                 raise TypeError("header.seq is not an integer")
         return doc
 
+    def growth(self, sets: Mapping[str, Any]) -> int:
+        """About how many bytes ``$set: sets`` adds to the stored document (negative when
+        it shrinks), measured as BSON against this copy's records and header."""
+        parts: dict[str, Mapping[str, Any]] = {
+            "header": self.header, "nodes": self.nodes, "actions": self.actions,
+            "admissions": self.admissions}
+        change = 0
+        for path, value in sets.items():
+            top, _, name = path.partition(".")
+            part = parts.get(top, {})
+            change += _field_bytes(name, value)
+            if name in part:
+                change -= _field_bytes(name, part[name])
+        return change
+
     def apply(self, sets: Mapping[str, Any], header: dict[str, Any], token: str) -> None:
         """Replay a successful update on this copy; ``header`` is the server's post-image."""
         for path, value in sets.items():
@@ -70,6 +87,10 @@ class TaskDoc:
                 self.admissions[name] = value
         self.header = header
         self.writes = [*self.writes, token][-WRITES_KEPT:]
+
+
+def _field_bytes(name: str, value: Any) -> int:
+    return len(bson.encode({name: value})) - 5  # less the document's own length and end
 
 
 def _texts(value: Any) -> dict[str, str]:

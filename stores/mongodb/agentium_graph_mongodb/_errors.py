@@ -10,6 +10,10 @@ server error code, never by message text or server version:
   :class:`~agentium_graph.StoreUnavailableError` (:func:`retries_exhausted`);
 * authentication and authorization failures say to check the credentials and roles;
 * documents over the BSON size limit (or integers beyond 64 bits) say what to change;
+  a server that refuses such a write with a generic internal error (SecantusDB's
+  ``findAndModify``: code 1, ``InternalError``) gets the same error once the store has
+  measured that the write would indeed take the document over the limit
+  (:func:`internal_error_of`, ``too_large=True``);
 * everything else is a :class:`~agentium_graph.StoreError` naming the operation.
 
 Domain errors of the shared state machine (``StaleFenceError``, ``LeaseHeldError``, ...)
@@ -62,6 +66,12 @@ AUTH_CODES = frozenset({18, 13, 11})  # AuthenticationFailed, Unauthorized, User
 # BSONObjectTooLarge; "resulting document after update is larger than ..." (17419, 17420).
 TOO_LARGE_CODES = frozenset({10334, 17419, 17420})
 DOCUMENT_LIMIT_MIB = 16  # MongoDB's maximum BSON document size
+DOCUMENT_LIMIT_BYTES = DOCUMENT_LIMIT_MIB * 1024 * 1024
+#: InternalError: what a server answers for a failure it does not classify. SecantusDB
+#: (the tests' fallback server) answers it, with the text "internal server error", for a
+#: ``findAndModify`` whose result would be over the limit, where mongod answers 10334. Too
+#: generic to mean "too large" by itself: the store measures before it says so.
+INTERNAL_ERROR = 1
 #: Every message built from a driver exception stays within this many characters: a
 #: driver's text can quote a whole rejected document (tens of megabytes).
 MESSAGE_CAP = 2000
@@ -190,18 +200,28 @@ def is_too_large(exc: PyMongoError | BSONError | OverflowError) -> bool:
     return code in TOO_LARGE_CODES or bool(_write_codes(exc) & TOO_LARGE_CODES)
 
 
+def internal_error_of(error: StoreError) -> OperationFailure | None:
+    """The server's generic InternalError (code 1) that ``error`` was mapped from, if so."""
+    cause = error.__cause__
+    if isinstance(cause, OperationFailure) and _code(cause) == INTERNAL_ERROR:
+        return cause
+    return None
+
+
 def map_mongo_error(exc: PyMongoError | BSONError | OverflowError, op: str,
-                    where: str) -> StoreError:
+                    where: str, *, too_large: bool = False) -> StoreError:
     """The typed store error for a driver failure of ``op`` against ``where``; its message
-    stays within :data:`MESSAGE_CAP` characters whatever the driver's text."""
-    error = _map(exc, op, where)
+    stays within :data:`MESSAGE_CAP` characters whatever the driver's text. ``too_large``:
+    the caller measured that the failed write was over the document limit."""
+    error = _map(exc, op, where, too_large)
     if len(error.args[0]) > MESSAGE_CAP:  # only a very long ``where`` or ``op`` gets here
         error.args = (bounded(error.args[0], MESSAGE_CAP),)
     return error
 
 
-def _map(exc: PyMongoError | BSONError | OverflowError, op: str, where: str) -> StoreError:
-    too_large = is_too_large(exc)
+def _map(exc: PyMongoError | BSONError | OverflowError, op: str, where: str,
+         measured_too_large: bool) -> StoreError:
+    too_large = measured_too_large or is_too_large(exc)
     exc = _cause(exc)
     name = type(exc).__name__
     code = _code(exc) if isinstance(exc, PyMongoError) else None
@@ -231,7 +251,7 @@ def _map(exc: PyMongoError | BSONError | OverflowError, op: str, where: str) -> 
             "inputs, outputs, plans and error texts smaller (store large payloads elsewhere "
             "and pass references), or use a store without this limit",
             details={**details, "reason": "document_too_large",
-                     "limit_bytes": DOCUMENT_LIMIT_MIB * 1024 * 1024})
+                     "limit_bytes": DOCUMENT_LIMIT_BYTES})
     if isinstance(exc, InvalidDocument):
         return StoreError(
             f"{head}: a record cannot be encoded as a MongoDB (BSON) document", details=details)

@@ -102,12 +102,15 @@ from agentium_graph_mongodb._codec import (
 )
 from agentium_graph_mongodb._doc import WRITES_KEPT, DocCache, TaskDoc
 from agentium_graph_mongodb._errors import (
+    DOCUMENT_LIMIT_BYTES,
     DOCUMENT_LIMIT_MIB,
     DUPLICATE_KEY,
     FailureWatch,
     RedoSideWrites,
     TransientStoreError,
     bounded,
+    internal_error_of,
+    map_mongo_error,
     watching_failures,
 )
 
@@ -407,7 +410,7 @@ class Session:
                 continue
             side = functools.partial(self._side_records, op, key, plan, token, doc.seq, sent,
                                      watch)
-            cas = functools.partial(self._compare_and_set, op, key, doc.seq, plan, token)
+            cas = functools.partial(self._compare_and_set, op, key, doc, plan, token)
             outcome = await self._with_side_writes(op, key, watch, side, cas)
             if outcome is False:
                 self.counters.cas_misses += 1  # lost the race for the journal slots
@@ -512,16 +515,39 @@ class Session:
             return True
         return await self._resolve_taken(op, key, [journal_docs[i] for i in taken], token, seq)
 
-    async def _compare_and_set(self, op: str, key: str, seq: int, plan: _Plan[R],
+    async def _compare_and_set(self, op: str, key: str, doc: TaskDoc, plan: _Plan[R],
                                token: str) -> dict[str, Any] | None:
-        query = {"_id": key, "v": SCHEMA_VERSION, "header.seq": seq, **plan.guard}
+        query = {"_id": key, "v": SCHEMA_VERSION, "header.seq": doc.seq, **plan.guard}
         update = {"$set": plan.sets,
                   "$push": {"writes": {"$each": [token], "$slice": -WRITES_KEPT}}}
 
         async def run() -> dict[str, Any] | None:
             return await self.tasks.find_one_and_update(
                 query, update, projection=_HEADER_ONLY, return_document=ReturnDocument.AFTER)
-        return await self.io(op, run, write=True, redo=True)
+        try:
+            return await self.io(op, run, write=True, redo=True)
+        except StoreError as error:
+            internal = internal_error_of(error)
+            if internal is None or not await self._over_limit(op, key, doc, plan.sets):
+                raise
+            raise map_mongo_error(internal, op, str(error.details.get("where", "")),
+                                  too_large=True) from internal
+
+    async def _over_limit(self, op: str, key: str, doc: TaskDoc, sets: dict[str, Any]) -> bool:
+        """Whether ``$set: sets`` takes the stored task document over the document limit
+        (asked after a server answered the write with a generic internal error; False when
+        it cannot be measured: the caller then keeps that error)."""
+        async def run() -> list[dict[str, Any]]:
+            cursor = await self.tasks.aggregate([
+                {"$match": {"_id": key}},
+                {"$project": {"_id": 0, "size": {"$bsonSize": "$$ROOT"}}}])
+            return await cursor.to_list(1)
+        try:
+            found = await self.io(op, run)
+        except StoreError:
+            return False
+        size = found[0].get("size") if found else None
+        return isinstance(size, int) and size + doc.growth(sets) > DOCUMENT_LIMIT_BYTES
 
     # --- side documents: blobs and journal entries -----------------------------------------
     async def _insert_many(self, op: str, collection: AsyncCollection[dict[str, Any]],
