@@ -15,6 +15,7 @@ import json
 import math
 import re
 from collections.abc import Iterable
+from json import encoder as _json_encoder
 from typing import Any
 
 JSONValue = Any  # a value made only of dict[str, ...], list, str, int, float, bool, None
@@ -147,15 +148,90 @@ def check_json(value: Any, path: str = "$") -> None:
         stack.extend(reversed(nested))
 
 
+def _refuse(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not a JSON type")
+
+
+# The C encoders behind ``_encoder.encode`` and ``_fast_encoder.encode``, called directly:
+# ``encode`` builds a new one on every call, which costs more than encoding a small value.
+# They skip the cycle check (checked data has no cycles: a cycle hits the recursion limit
+# instead). ``None`` where the C accelerator is missing.
+_c_make_encoder = getattr(_json_encoder, "c_make_encoder", None)
+_c_canonical = None if _c_make_encoder is None else _c_make_encoder(
+    None, _refuse, _json_encoder.encode_basestring, None, ":", ",", True, False, False)
+_c_plain = None if _c_make_encoder is None else _c_make_encoder(
+    None, _refuse, _json_encoder.encode_basestring, None, ":", ",", False, False, False)
+
+
+def _encode_checked(value: JSONValue) -> str:
+    """The canonical JSON of data already checked (or parsed from JSON)."""
+    if _c_canonical is None:
+        return _encoder.encode(value)
+    try:
+        return "".join(_c_canonical(value, 0))
+    except RecursionError:
+        raise ValueError("value nests too deeply or is circular: check it first") from None
+
+
 def canonical_json(value: JSONValue, *, trusted: bool = False) -> str:
     """Serialize ``value`` canonically; raises :class:`NotJSONError` for non-JSON data.
 
     ``trusted=True`` skips the JSON check for data already checked (or parsed from JSON):
     the hot path must not walk the same value twice.
     """
-    if not trusted:
-        check_json(value)
-    return _encoder.encode(value)
+    if trusted:
+        return _encode_checked(value)
+    return checked_json(value)[0]
+
+
+_LONG_DIGITS = re.compile(rf"\d{{{MAX_INT_DIGITS + 1}}}")
+_INNERMOST = re.compile(r"[\[{][^\[\]{}]*[\]}]")
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def _nesting_ok(text: str) -> bool:
+    """Whether the JSON ``text`` nests at most :data:`MAX_NESTING` levels."""
+    if text.count("[") + text.count("{") <= MAX_NESTING:
+        return True  # cannot nest deeper than it has containers
+    rest = _STRING.sub("", text)  # brackets inside strings are not containers
+    for _ in range(MAX_NESTING + 1):  # one round per level, one more to see none left
+        rest, found = _INNERMOST.subn("", rest)
+        if not found:
+            return True
+    return False
+
+
+def checked_json(value: Any, path: str = "$") -> tuple[str, JSONValue]:
+    """The canonical JSON of ``value`` and a fresh copy parsed from it, after the checks of
+    :func:`check_json` (raising :class:`NotJSONError` with the path where they fail).
+
+    Plain JSON is checked in C: it is encoded (no NaN, no foreign types), parsed back and
+    compared with the original, which only equal when every key was a string and no value
+    changed on the way; a value that is too long for the cheap bounds on nesting and integer
+    digits, holds tuples or fails any step is walked by :func:`check_json`, which decides
+    and names the path."""
+    text: str | None = None
+    if _c_canonical is not None:
+        try:
+            text = "".join(_c_canonical(value, 0))
+        except (TypeError, ValueError, RecursionError):
+            text = None
+    if text is not None and (text.isascii() or _encodable(text)) and _nesting_ok(text) and (
+            len(text) <= MAX_INT_DIGITS or _LONG_DIGITS.search(text) is None):
+        parsed = json.loads(text)
+        if parsed == value:
+            return text, parsed
+    check_json(value, path)
+    text = _encode_checked(value)
+    return text, json.loads(text)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def canonical_bytes(value: JSONValue, *, trusted: bool = False) -> bytes:
@@ -242,5 +318,7 @@ def json_copy(value: JSONValue, *, trusted: bool = False) -> JSONValue:
             kind is str and (trusted or value.isascii())):
         return value  # immutable, and nothing to check: nothing to share
     if trusted:
-        return json.loads(_fast_encoder.encode(value))
-    return json.loads(canonical_json(value))
+        if _c_plain is None:
+            return json.loads(_fast_encoder.encode(value))
+        return json.loads("".join(_c_plain(value, 0)))
+    return checked_json(value)[1]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -10,8 +9,7 @@ from jsonschema.exceptions import ValidationError as SchemaValidationError
 
 from agentium_graph._canonical import (
     NotJSONError,
-    canonical_json,
-    check_json,
+    checked_json,
     digest_text,
     json_path,
 )
@@ -66,18 +64,20 @@ def check_output(node_id: str, binding: Binding, result: Any,
 
     ``max_bytes``: the store's largest blob (``StoreCapabilities.max_blob_bytes``)."""
     try:
-        check_json(result)
+        text, output = checked_json(result)
     except NotJSONError as exc:
         error = NodeOutputError(
             f"node {node_id!r}: output is not JSON at {exc.path}: {exc.reason}; return "
             "dicts, lists, strings, numbers, booleans or None", node_id=node_id,
             details={"path": exc.path})
         return Outcome("failed", error=error.to_info())
-    errors = binding.output_errors(result)
+    # The value successors and the result see is the journaled one, never the tool's own
+    # object: a tool (or a later one) mutating what it returned must not make this run
+    # differ from a recovery, which reads the journaled text.
+    errors = binding.output_errors(output)
     if errors:
         return Outcome("failed", error=schema_error(NodeOutputError, node_id, "output",
                                                     errors[0]).to_info())
-    text = canonical_json(result, trusted=True)  # checked just above
     size = bytes_over(text, max_bytes)
     if size is not None:
         return Outcome("failed", error=NodeOutputError(
@@ -85,7 +85,4 @@ def check_output(node_id: str, binding: Binding, result: Any,
             f"{max_bytes} bytes the store keeps in one record; return a smaller output "
             "(keep large data elsewhere and return a reference to it)", node_id=node_id,
             details={"bytes": size, "limit": max_bytes}).to_info())
-    # The value successors and the result see is the journaled one, never the tool's own
-    # object: a tool (or a later one) mutating what it returned must not make this run
-    # differ from a recovery, which reads the journaled text.
-    return Outcome("completed", output=json.loads(text), text=text, digest=digest_text(text))
+    return Outcome("completed", output=output, text=text, digest=digest_text(text))

@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict
 from agentium_graph._canonical import (
     NotJSONError,
     admission_id,
-    canonical_json,
     check_json,
+    checked_json,
     digest,
     digest_text,
     json_copy,
@@ -245,7 +245,8 @@ class ExecutionGraphRuntime:
             check_policy_revision(policy_revision)
         # One checked canonical encoding of the plan gives both its digest and the
         # identity's private copy of it.
-        plan_text = None if program.plan is None else canonical_json(program.plan)
+        plan_text, plan_copy = (None, None) if program.plan is None else \
+            checked_json(program.plan)
         descriptor = program.descriptor(
             plan_digest=None if plan_text is None else digest_text(plan_text))
         plan: CompiledPlan | None = None
@@ -294,7 +295,7 @@ class ExecutionGraphRuntime:
                 sorted(used, key=lambda b: (b.id, b.version))]}
         identity = TaskIdentity(
             key=key, catalog_digest=self.catalog.digest, program=descriptor,
-            plan=None if plan_text is None else json.loads(plan_text),
+            plan=plan_copy,
             descriptors={f"{b.id}@{b.version}": b.descriptor().model_dump(mode="json")
                          for b in used},
             # _check_input walked the input above; it is not walked again.
