@@ -732,9 +732,14 @@ def _check_create_size(raw: dict[str, Any]) -> None:
 
 def _header(raw: dict[str, Any], key: str) -> TaskHeader:
     where = f"task document {key!r}"
-    check_version(raw, where)
-    with schema_errors(where):
-        return header_from_doc(raw["header"], where)
+    try:
+        check_version(raw, where)
+        with schema_errors(where):
+            return header_from_doc(raw["header"], where)
+    except StoreSchemaError as exc:
+        # The task, machine-readable: a lister (the CLI's list) reports it and goes on.
+        exc.details.setdefault("key", key)
+        raise
 
 
 def _loaded(doc: TaskDoc, need: Needs) -> tuple[dict[str, NodeRecord],
