@@ -12,9 +12,11 @@ worker can run, it cancels at once). No command creates a database.
 
 Exit codes (:data:`EXIT_CODES`): 0 ok; 1 any other error; 2 usage (a bad option, a bad
 ``--store`` URI or cursor); 3 no task under that key; 4 the store cannot be opened or is
-unavailable. Errors, usage errors included, are one line on stderr starting with ``error:``,
-never a traceback. Text from the store or the command line reaches the terminal with the
-characters a terminal acts on (ESC and the other controls) escaped: :func:`_safe`.
+unavailable, or a stored record is damaged (``list`` still lists every task it can read and
+shows the damaged ones as such: :mod:`agentium_graph._cli_list`). Errors, usage errors
+included, are one line on stderr starting with ``error:``, never a traceback. Text from the
+store or the command line reaches the terminal with the characters a terminal acts on (ESC
+and the other controls) escaped: :func:`_safe`.
 """
 
 from __future__ import annotations
@@ -33,12 +35,13 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar, get_args
 
 import click
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from agentium_graph._cli_list import DamagedTask, damaged_message, list_rows
 from agentium_graph._store_uri import open_store_uri, redact
 from agentium_graph.catalog._catalog import HostCatalog
 from agentium_graph.errors import (
@@ -61,11 +64,12 @@ from agentium_graph.store._records import (
     TaskHeader,
     TaskStatus,
 )
-from agentium_graph.store._requests import CancelTaskRequest, ListTasksRequest
+from agentium_graph.store._requests import CancelTaskRequest
 
 __all__ = [
     "EXIT_CODES", "EXIT_ERROR", "EXIT_NOT_FOUND", "EXIT_STORE", "EXIT_USAGE", "CancelOutcome",
-    "CliConfig", "TaskList", "cli", "exit_code_for", "main", "require_text", "run_with_store",
+    "CliConfig", "DamagedTask", "TaskList", "cli", "exit_code_for", "main", "require_text",
+    "run_with_store",
 ]
 
 T = TypeVar("T")
@@ -295,12 +299,23 @@ def _reader(store: DurableTaskStore) -> ExecutionGraphRuntime:
 # --- output models ------------------------------------------------------------------------
 
 class TaskList(BaseModel):
-    """``list --json``: task headers in key order; pass ``next_after`` to ``--after``."""
+    """``list --json``: task headers in key order; pass ``next_after`` to ``--after``.
+    ``damaged`` (dumped only when there is one) holds the tasks of the page whose stored
+    header cannot be read."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     tasks: tuple[TaskHeader, ...]
     next_after: str | None
+    damaged: tuple[DamagedTask, ...] = ()
+
+    @model_serializer(mode="wrap")
+    def _without_empty_damaged(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A healthy page dumps exactly as before the field existed.
+        data: dict[str, Any] = handler(self)
+        if not self.damaged:
+            data.pop("damaged", None)
+        return data
 
 
 class CancelOutcome(BaseModel):
@@ -366,7 +381,7 @@ def cli(ctx: click.Context, store_uri: str, database: str | None) -> None:
     """Inspect and control agentium-graph tasks in a durable store.
 
     Exit codes: 0 ok, 1 error, 2 usage (bad option, --store URI or cursor),
-    3 unknown task key, 4 store cannot be opened or is unavailable.
+    3 unknown task key, 4 store cannot be opened or is unavailable, or a record is damaged.
     """
     _tolerant_output()
     given = ctx.get_parameter_source("store_uri") == click.core.ParameterSource.COMMANDLINE
@@ -391,26 +406,38 @@ def main() -> None:
 @click.pass_context
 def list_command(ctx: click.Context, status: str | None, limit: int, after: str | None,
                  as_json: bool) -> None:
-    """List tasks in key order, with status, lease and counters."""
+    """List tasks in key order, with status, lease and counters.
+
+    A task whose stored header cannot be read is listed as damaged (exit 4).
+    """
 
     async def fetch(store: DurableTaskStore) -> TaskList:
         # One extra row tells whether another page exists; a full page of the store's
         # largest (1000, which leaves no room for it) asks for the row after its last key.
-        request = ListTasksRequest.model_validate(
-            {"status": status, "after": after, "limit": min(limit + 1, _MAX_PAGE)})
-        headers = await store.list_tasks(request)
-        page = tuple(headers[:limit])
-        more = len(headers) > limit
+        rows = await list_rows(store, status=status, after=after,
+                               want=min(limit + 1, _MAX_PAGE))
+        page = rows[:limit]
+        more = len(rows) > limit
         if not more and len(page) == _MAX_PAGE:
-            more = bool(await store.list_tasks(request.model_copy(
-                update={"after": page[-1].key, "limit": 1})))
-        return TaskList(tasks=page, next_after=page[-1].key if more and page else None)
+            more = bool(await list_rows(store, status=status, after=page[-1].key, want=1))
+        return TaskList(tasks=tuple(r for r in page if isinstance(r, TaskHeader)),
+                        damaged=tuple(r for r in page if isinstance(r, DamagedTask)),
+                        next_after=page[-1].key if more and page else None)
 
     config: CliConfig = ctx.obj
     result = run_with_store(config, fetch, read_only=True)
     if as_json:
         _emit_json(result)
-        return
+    else:
+        _list_output(ctx, config, result, status, limit)
+    if result.damaged:
+        message = damaged_message(result.damaged, lambda key: _hint(config, ["inspect", key]))
+        click.echo(f"error: {_shown(message)}", err=True)
+        ctx.exit(EXIT_STORE)
+
+
+def _list_output(ctx: click.Context, config: CliConfig, result: TaskList, status: str | None,
+                 limit: int) -> None:
     _render_list(_console(), result, status)
     if result.next_after is not None:
         args = ["list"]
@@ -422,18 +449,29 @@ def list_command(ctx: click.Context, status: str | None, limit: int, after: str 
 
 
 def _render_list(console: Console, result: TaskList, status: str | None) -> None:
-    if not result.tasks:
+    if not result.tasks and not result.damaged:
         console.print(f"no tasks{' with status ' + status if status else ''}")
         return
     now = datetime.now(UTC)
-    console.print(_table(
-        f"{len(result.tasks)} task(s)",
-        [("key", "id"), ("status", "fixed"), ("fence", "num"), ("lease", "text"),
-         ("cancel", "text"), ("attempts", "num"), ("updated", "fixed")],
-        [[_t(h.key), _status(h.status), str(h.fence), _lease(h.lease, now, short=True),
-          _t(h.cancel.reason if h.cancel else "-"),
-          str(h.counters.get("work_attempts", 0)), _relative(h.updated_at, now)]
-         for h in result.tasks]))
+    columns = [("key", "id"), ("status", "fixed"), ("fence", "num"), ("lease", "text"),
+               ("cancel", "text"), ("attempts", "num"), ("updated", "fixed")]
+    title = f"{len(result.tasks) + len(result.damaged)} task(s)"
+    if result.damaged:
+        columns.append(("problem", "text"))
+        title += f", {len(result.damaged)} damaged"
+    rows: list[list[Text | str]] = []
+    listed: list[TaskHeader | DamagedTask] = [*result.tasks, *result.damaged]
+    for row in sorted(listed, key=lambda r: r.key):
+        if isinstance(row, DamagedTask):
+            rows.append([_t(row.key), _t(row.status, style="bold red"), "-", "-", "-", "-", "-",
+                         _t(row.reason, style="red")])
+            continue
+        rows.append([_t(row.key), _status(row.status), str(row.fence),
+                     _lease(row.lease, now, short=True),
+                     _t(row.cancel.reason if row.cancel else "-"),
+                     str(row.counters.get("work_attempts", 0)), _relative(row.updated_at, now),
+                     *([""] if result.damaged else [])])
+    console.print(_table(title, columns, rows))
 
 
 # --- inspect ------------------------------------------------------------------------------
