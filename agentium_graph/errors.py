@@ -396,3 +396,14 @@ def bool_only(value: Any) -> Any:
         return value
     text = bound_text(repr(value), 40)
     raise ValueError(f"must be a bool (True or False), not {type(value).__name__} {text}")
+
+
+def number_only(value: Any) -> Any:
+    """For a ``mode="before"`` validator of a public float field: ``value`` itself when it
+    is an int or a float (or None, which the field's own type accepts or refuses). A bool or
+    a string, which pydantic's lax mode would turn into a float (``True`` into 1.0, ``"10"``
+    into 10.0), raises ValueError saying what it is: config errs loudly rather than guess."""
+    if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
+        return value
+    text = bound_text(repr(value), 40)
+    raise ValueError(f"must be a number (an int or a float), not {type(value).__name__} {text}")

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentium_graph._canonical import NotJSONError, check_json
 from agentium_graph._program import ConfigModel
-from agentium_graph.errors import ErrorInfo
+from agentium_graph.errors import ErrorInfo, bool_only, int_only
 from agentium_graph.store._records import (
     ActionRecord,
     CancelRecord,
@@ -43,6 +43,18 @@ class StoreCapabilities(ConfigModel):
     # can keep in one record; None: no limit the runtime needs to respect. The runtime
     # fails a node whose output is larger instead of attempting a commit that cannot land.
     max_blob_bytes: int | None = Field(default=None, ge=1)
+
+    # Real bools and ints only, never 1, "yes" or "5" (pydantic's lax mode takes those): a
+    # store author's typo would otherwise promise durability or a limit nobody meant.
+    @field_validator("durable", "multi_process", mode="before")
+    @classmethod
+    def _bools_only(cls, value: Any) -> Any:
+        return bool_only(value)
+
+    @field_validator("max_blob_bytes", mode="before")
+    @classmethod
+    def _ints_only(cls, value: Any) -> Any:
+        return int_only(value)
 
 
 # --- steps -----------------------------------------------------------------------------

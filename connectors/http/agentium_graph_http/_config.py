@@ -8,7 +8,7 @@ from urllib.parse import quote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from agentium_graph.errors import bool_only
+from agentium_graph.errors import bool_only, int_only, number_only
 
 # Always fullmatch: "$" would also match before a trailing newline.
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -32,10 +32,12 @@ class HttpConnectorConfig(BaseModel):
     in ``repr`` or in error messages (their values are redacted from quoted response
     bodies too), and must be valid HTTP field content: visible ASCII, with spaces or tabs
     between. ``max_response_bytes`` bounds the decoded body read from any response (a
-    gzip or deflate body is inflated no further than that). ``idempotent_destination``
-    takes a real bool only. ``dispatch_attempts`` applies only when
-    ``idempotent_destination`` is true: only then is resending a POST with the same key
-    safe. ``lookup_attempts`` bounds lookup retries (GETs are always safe to repeat).
+    gzip or deflate body is inflated no further than that). ``dispatch_attempts`` applies
+    only when ``idempotent_destination`` is true: only then is resending a POST with the
+    same key safe. ``lookup_attempts`` bounds lookup retries (GETs are always safe to
+    repeat). Types are exact: ``idempotent_destination`` takes a real bool, the attempt
+    counts and ``max_response_bytes`` real ints, the ``*_s`` durations an int or a float;
+    never a bool or a string standing in for a number (``True`` is not 1 here).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -64,6 +66,21 @@ class HttpConnectorConfig(BaseModel):
         # Not 1 or "false" (pydantic's lax mode takes those): the flag decides whether a
         # dispatch is ever sent twice.
         return bool_only(value)
+
+    @field_validator("dispatch_attempts", "lookup_attempts", "max_response_bytes",
+                     mode="before")
+    @classmethod
+    def _ints_only(cls, value: Any) -> Any:
+        # Not True, 2.0 or "3" (pydantic's lax mode takes those): dispatch_attempts=True
+        # would quietly mean one attempt.
+        return int_only(value)
+
+    @field_validator("timeout_s", "lookup_timeout_s", "retry_wait_s", "retry_max_wait_s",
+                     mode="before")
+    @classmethod
+    def _numbers_only(cls, value: Any) -> Any:
+        # An int or a float, not True or "10" (pydantic's lax mode takes those).
+        return number_only(value)
 
     @field_validator("base_url")
     @classmethod

@@ -81,6 +81,11 @@ class HttpActionConnector:
                  max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
                  client: httpx.AsyncClient | None = None,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
+        if headers is not None and not isinstance(headers, Mapping):
+            # dict() would take a list of pairs, or fail with a bare ValueError on a string.
+            raise ConfigurationError(
+                f"invalid HTTP connector config {id!r}: headers: must be a mapping of header "
+                f"names to values (a dict), not {type(headers).__name__}")
         options: dict[str, Any] = {
             "base_url": base_url, "id": id, "version": version, "create_path": create_path,
             "lookup_path_template": lookup_path_template, "method": method,
