@@ -149,6 +149,12 @@ class MongoDBDurableTaskStore:
     it): the store retries itself, re-inserting a commit's blobs and journal entries before
     it retries the compare-and-set that makes them visible.
 
+    Arguments are checked at construction, before any I/O, and types are exact:
+    ``read_only`` and ``create`` take real bools (not 1 or ``"yes"``), ``retries``,
+    ``cas_attempts`` and ``cache_size`` real ints, the ``*_s`` durations an int or a float
+    (not a bool or a string). A wrong one is a :class:`~agentium_graph.ConfigurationError`
+    naming it (``details["argument"]``).
+
     Reads only read: ``get_header``, ``get_task``, ``list_tasks``, ``read_timeline``... check
     the database's ``meta`` document (its schema version) with a read and never write, so
     a user with MongoDB's ``read`` role can inspect tasks. The first write of a store stamps
@@ -172,10 +178,12 @@ class MongoDBDurableTaskStore:
                  retry_max_wait_s: float = 1.0, cas_attempts: int = 20,
                  cache_size: int = 256, read_only: bool = False, create: bool = True) -> None:
         _check_database_name(database)
-        if not isinstance(read_only, bool) or not isinstance(create, bool):
-            raise ConfigurationError(
-                f"read_only and create must be True or False, got read_only={read_only!r}, "
-                f"create={create!r}", details={"argument": "read_only/create"})
+        for name, flag in (("read_only", read_only), ("create", create)):
+            if not isinstance(flag, bool):
+                raise ConfigurationError(
+                    f"read_only and create must be True or False; {name} is {_shown(flag)} "
+                    "(1, 'yes' or 'false' are refused rather than guessed at)",
+                    details={"argument": name})
         self._read_only = read_only
         self._create = create and not read_only
         if not isinstance(write_concern, WriteConcern) or not write_concern.acknowledged:
@@ -592,21 +600,28 @@ async def _close_with_loop(store: weakref.ref[MongoDBDurableTaskStore],
             await state.shutdown()
 
 
+def _shown(value: object) -> str:
+    """A wrong argument for an error message: its type and a bounded repr."""
+    return f"{type(value).__name__} {bounded(repr(value), 100)}"
+
+
 def _seconds(name: str, value: object) -> float:
+    # An int or a float, never a bool or a string (True is not one second here).
     if isinstance(value, bool) or not isinstance(value, int | float) or not (
             math.isfinite(value) and 0 < value <= _MAX_SECONDS):
         raise ConfigurationError(
-            f"{name} must be a positive number of seconds (at most {_MAX_SECONDS:g}), got "
-            f"{bounded(repr(value), 100)}", details={"argument": name})
+            f"{name} must be a positive number of seconds (an int or a float, at most "
+            f"{_MAX_SECONDS:g}), got {_shown(value)}", details={"argument": name})
     return float(value)
 
 
 def _count(name: str, value: object, minimum: int) -> int:
+    # A real int, never a bool, a float or a string (True is not one retry here).
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigurationError(
-            f"{name} must be an integer >= {minimum}, got {bounded(repr(value), 100)}",
+            f"{name} must be an int >= {minimum}, got {_shown(value)}",
             details={"argument": name})
-    return value
+    return int(value)
 
 
 def _check_database_name(name: object) -> None:

@@ -25,7 +25,7 @@ from tenacity import (
 )
 
 from agentium_graph._otel import traced_store
-from agentium_graph.errors import ConfigurationError, StoreError
+from agentium_graph.errors import ConfigurationError, StoreError, bound_text
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import JournalEntry, TaskHeader, TaskIdentity, TaskSnapshot
 from agentium_graph.store._requests import (
@@ -150,23 +150,41 @@ def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
         del job, call, future, result, error
 
 
+def _fspath(path: object) -> str | bytes:
+    """``os.fspath(path)``, or a ConfigurationError naming ``path`` for anything that is no
+    path (None, a number: os.fspath would raise a bare TypeError)."""
+    if isinstance(path, str | bytes | os.PathLike):
+        with contextlib.suppress(TypeError):  # an __fspath__ that returns neither
+            text: str | bytes = os.fspath(path)
+            return text
+    raise ConfigurationError(
+        f"SQLiteDurableTaskStore path must be a str or an os.PathLike (e.g. a pathlib.Path) "
+        f"naming the database file, not {type(path).__name__}", details={"argument": "path"})
+
+
+def _shown(value: object) -> str:
+    """A wrong argument for an error message: its type and a bounded repr."""
+    return f"{type(value).__name__} {bound_text(repr(value), 40)}"
+
+
 def _check_path(text: str) -> None:
     """Refuse, without I/O, a path string no file can have or that names a directory."""
     if "\0" in text:
         raise ConfigurationError(
             f"SQLiteDurableTaskStore path {text!r} contains a NUL character, which no file "
-            "path can hold; pass the database file's path")
+            "path can hold; pass the database file's path", details={"argument": "path"})
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise ConfigurationError(
             f"SQLiteDurableTaskStore path {text!r} is not valid UTF-8 text (it holds a lone "
             "surrogate, e.g. from an invalid byte in a shell argument); SQLite needs a UTF-8 "
-            "path: rename the file or its directory") from None
+            "path: rename the file or its directory", details={"argument": "path"}) from None
     if text.endswith(("/", os.sep)) or text.endswith(("/.", "/..")) or text in (".", ".."):
         raise ConfigurationError(
             f"SQLiteDurableTaskStore path {text!r} names a directory; pass a database file "
-            "path inside it, e.g. " + repr(text.rstrip("/" + os.sep) + "/tasks.db"))
+            "path inside it, e.g. " + repr(text.rstrip("/" + os.sep) + "/tasks.db"),
+            details={"argument": "path"})
 
 
 @traced_store("sqlite")
@@ -219,6 +237,11 @@ class SQLiteDurableTaskStore:
     out the operation raises :class:`~agentium_graph.StoreUnavailableError`, nothing was
     written and the task stays recoverable.
 
+    Arguments are checked at construction, before any I/O, and types are exact:
+    ``read_only`` and ``create`` take real bools (not 1 or ``"yes"``), ``busy_retries`` a
+    real int, the ``*_s`` durations an int or a float (not a bool or a string). A wrong one
+    is a :class:`~agentium_graph.ConfigurationError` naming it (``details["argument"]``).
+
     Every mutating operation is one ``BEGIN IMMEDIATE`` transaction applying the shared
     state machine (:mod:`agentium_graph.store`), so fencing holds across processes.
     Domain errors of that state machine (``StaleFenceError``, ``LeaseHeldError``, ...)
@@ -237,38 +260,44 @@ class SQLiteDurableTaskStore:
                  busy_timeout_s: float = 5.0, busy_retries: int = 4,
                  retry_max_wait_s: float = 0.5, read_only: bool = False,
                  create: bool = True) -> None:
-        text = os.fspath(path)
+        text = _fspath(path)
         if not isinstance(text, str) or not text or text == ":memory:" or \
                 text.startswith("file:"):
             raise ConfigurationError(
                 f"SQLiteDurableTaskStore needs a filesystem path, got {text!r}; for a "
-                "process-local store use InMemoryDurableTaskStore()")
+                "process-local store use InMemoryDurableTaskStore()",
+                details={"argument": "path"})
         if "://" in text:
             raise ConfigurationError(
                 f"SQLiteDurableTaskStore needs a filesystem path, got the URI {text!r}; pass "
-                f"the path part (for sqlite:///data/tasks.db pass 'data/tasks.db')")
+                f"the path part (for sqlite:///data/tasks.db pass 'data/tasks.db')",
+                details={"argument": "path"})
         _check_path(text)
-        if not isinstance(read_only, bool) or not isinstance(create, bool):
-            raise ConfigurationError(
-                f"read_only and create must be True or False, got read_only={read_only!r}, "
-                f"create={create!r}")
-        sync = str(synchronous).upper()
-        if sync not in ("FULL", "NORMAL"):
+        for name, flag in (("read_only", read_only), ("create", create)):
+            if not isinstance(flag, bool):
+                raise ConfigurationError(
+                    f"read_only and create must be True or False; {name} is {_shown(flag)} "
+                    "(1, 'yes' or 'false' are refused rather than guessed at)",
+                    details={"argument": name})
+        if not isinstance(synchronous, str) or \
+                (sync := synchronous.upper()) not in ("FULL", "NORMAL"):
             raise ConfigurationError(
                 f"synchronous must be 'FULL' (default, survives power loss) or 'NORMAL', "
-                f"got {synchronous!r}")
+                f"got {_shown(synchronous)}",
+                details={"argument": "synchronous"})
         for name, seconds in (("busy_timeout_s", busy_timeout_s),
                               ("retry_max_wait_s", retry_max_wait_s)):
             # SQLite takes the busy timeout in whole milliseconds, as a 32-bit int.
             if not isinstance(seconds, int | float) or isinstance(seconds, bool) or \
                     not 0 < seconds <= _MAX_WAIT_S:
                 raise ConfigurationError(
-                    f"{name} must be a number of seconds above 0 and at most {_MAX_WAIT_S:g}, "
-                    f"got {seconds!r}")
+                    f"{name} must be a number of seconds (an int or a float) above 0 and at "
+                    f"most {_MAX_WAIT_S:g}, got {_shown(seconds)}", details={"argument": name})
         if not isinstance(busy_retries, int) or isinstance(busy_retries, bool) or \
                 not 0 <= busy_retries <= 100:
             raise ConfigurationError(f"busy_retries must be an int from 0 to 100, got "
-                                     f"{busy_retries!r}")
+                                     f"{_shown(busy_retries)}",
+                                     details={"argument": "busy_retries"})
         self._settings = Settings(path=Path(text).absolute(), synchronous=sync,
                                   busy_timeout_s=float(busy_timeout_s), read_only=read_only,
                                   create=create)
