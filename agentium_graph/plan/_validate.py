@@ -126,6 +126,9 @@ class CompiledPlan:
     max_concurrency: int
     depth: int
     raw: dict[str, Any] = field(repr=False)
+    # What a run derives from this plan alone, kept with it: compiled plans are cached per
+    # runtime, so every task of the same plan reuses it (``runtime._graph`` fills it).
+    derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def successors(self) -> dict[str, list[str]]:
         succ: dict[str, list[str]] = {n: [] for n in self.order}

@@ -72,6 +72,27 @@ class Scope:
         return self.plan.max_concurrency
 
 
+def _specs(plan: CompiledPlan, prefix: str) -> list[NodeSpec]:
+    """The specs of ``plan``'s nodes under ``prefix``, in plan order. A root plan's are
+    built once per compiled plan (specs are immutable), so a task of a cached plan reuses
+    them; a nested scope's ids depend on its container, so those are built per scope."""
+    if not prefix:
+        cached: list[NodeSpec] | None = plan.derived.get("root_specs")
+        if cached is not None:
+            return cached
+    specs = []
+    for local in plan.order:
+        node = plan.nodes[local]
+        specs.append(NodeSpec(
+            id=prefix + local, local=local, scope=prefix, binding=node.binding,
+            args=node.args, refs=node.refs,
+            deps=tuple(prefix + d for d in node.deps) if prefix else node.deps,
+            literal=node.literal))
+    if not prefix:
+        plan.derived["root_specs"] = specs
+    return specs
+
+
 def child_prefix(container: str, iteration: int | None) -> str:
     return f"{container}/" if iteration is None else f"{container}/{iteration}/"
 
@@ -102,12 +123,7 @@ class FlatGraph:
             return existing
         scope = Scope(prefix, plan, parent, iteration)
         self.changed = True
-        for local in plan.order:
-            node = plan.nodes[local]
-            spec = NodeSpec(id=prefix + local, local=local, scope=prefix,
-                            binding=node.binding, args=node.args, refs=node.refs,
-                            deps=tuple(prefix + d for d in node.deps) if prefix else node.deps,
-                            literal=node.literal)
+        for spec in _specs(plan, prefix):
             self.specs[spec.id] = spec
             self.pos[spec.id] = len(self.order)
             self.order.append(spec.id)
