@@ -1,5 +1,9 @@
 """``agentium-graph list``: a page of tasks that goes on past a task it cannot read.
 
+The command's options are declared on the group in :mod:`agentium_graph.cli`; this module
+is the rest of it: paging (:func:`list_rows`), the ``--json`` model (:class:`TaskList`), the
+table and the ``error:`` line of a listing with damaged tasks (:func:`run_list`).
+
 A store parses every header of a page and fails the whole page on one that does not parse
 (damaged by hand or by the disk), naming the task's key in the error's ``details``. The
 protocol returns headers only, so the CLI turns such an error into a :class:`DamagedTask`
@@ -9,17 +13,33 @@ row and asks again after that key: every healthy task is still listed.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Literal
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+import click
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
 
 from agentium_graph.errors import DataIntegrityError, ErrorInfo, StoreSchemaError
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import TaskHeader
 from agentium_graph.store._requests import ListTasksRequest
 
-__all__ = ["DamagedTask", "Row", "damaged_message", "list_rows"]
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.text import Text
 
+    from agentium_graph.cli import CliConfig
+
+__all__ = ["MAX_PAGE", "DamagedTask", "Row", "TaskList", "damaged_message", "list_rows",
+           "run_list"]
+
+MAX_PAGE = 1000  # the most rows a ListTasksRequest may ask for
 _REASON_CHARS = 80
 
 
@@ -36,6 +56,26 @@ class DamagedTask(BaseModel):
 
 
 Row = TaskHeader | DamagedTask
+
+
+class TaskList(BaseModel):
+    """``list --json``: task headers in key order; pass ``next_after`` to ``--after``.
+    ``damaged`` (dumped only when there is one) holds the tasks of the page whose stored
+    header cannot be read."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tasks: tuple[TaskHeader, ...]
+    next_after: str | None
+    damaged: tuple[DamagedTask, ...] = ()
+
+    @model_serializer(mode="wrap")
+    def _without_empty_damaged(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A healthy page dumps exactly as before the field existed.
+        data: dict[str, Any] = handler(self)
+        if not self.damaged:
+            data.pop("damaged", None)
+        return data
 
 
 async def list_rows(store: DurableTaskStore, *, status: str | None, after: str | None,
@@ -68,6 +108,80 @@ async def list_rows(store: DurableTaskStore, *, status: str | None, after: str |
             break
         cursor = headers[-1].key
     return rows
+
+
+def run_list(ctx: click.Context, *, status: str | None, limit: int, after: str | None,
+             as_json: bool) -> None:
+    """The ``list`` command: the page as a table (with a ``more:`` hint) or as ``--json``;
+    a page with damaged tasks ends with one ``error:`` line and exit 4."""
+    # Imported here, as _cli_resolve does: cli imports this module as it loads.
+    from agentium_graph.cli import EXIT_STORE, _emit_json, _hint, _shown, run_with_store
+
+    async def fetch(store: DurableTaskStore) -> TaskList:
+        # One extra row tells whether another page exists; a full page of the store's
+        # largest (1000, which leaves no room for it) asks for the row after its last key.
+        rows = await list_rows(store, status=status, after=after,
+                               want=min(limit + 1, MAX_PAGE))
+        page = rows[:limit]
+        more = len(rows) > limit
+        if not more and len(page) == MAX_PAGE:
+            more = bool(await list_rows(store, status=status, after=page[-1].key, want=1))
+        return TaskList(tasks=tuple(r for r in page if isinstance(r, TaskHeader)),
+                        damaged=tuple(r for r in page if isinstance(r, DamagedTask)),
+                        next_after=page[-1].key if more and page else None)
+
+    config: CliConfig = ctx.obj
+    result = run_with_store(config, fetch, read_only=True)
+    if as_json:
+        _emit_json(result)
+    else:
+        _list_output(ctx, config, result, status, limit)
+    if result.damaged:
+        message = damaged_message(result.damaged, lambda key: _hint(config, ["inspect", key]))
+        click.echo(f"error: {_shown(message)}", err=True)
+        ctx.exit(EXIT_STORE)
+
+
+def _list_output(ctx: click.Context, config: CliConfig, result: TaskList, status: str | None,
+                 limit: int) -> None:
+    from agentium_graph.cli import _console, _hint, _shown
+
+    _render_list(_console(), result, status)
+    if result.next_after is not None:
+        args = ["list"]
+        if status is not None:
+            args += ["--status", status]
+        if ctx.get_parameter_source("limit") == click.core.ParameterSource.COMMANDLINE:
+            args += ["--limit", str(limit)]
+        click.echo(_shown(f"more: {_hint(config, [*args, '--after', result.next_after])}"))
+
+
+def _render_list(console: Console, result: TaskList, status: str | None) -> None:
+    from agentium_graph.cli import _lease, _relative, _status, _t, _table
+
+    if not result.tasks and not result.damaged:
+        console.print(f"no tasks{' with status ' + status if status else ''}")
+        return
+    now = datetime.now(UTC)
+    columns = [("key", "id"), ("status", "fixed"), ("fence", "num"), ("lease", "text"),
+               ("cancel", "text"), ("attempts", "num"), ("updated", "fixed")]
+    title = f"{len(result.tasks) + len(result.damaged)} task(s)"
+    if result.damaged:
+        columns.append(("problem", "text"))
+        title += f", {len(result.damaged)} damaged"
+    rows: list[list[Text | str]] = []
+    listed: list[Row] = [*result.tasks, *result.damaged]
+    for row in sorted(listed, key=lambda r: r.key):
+        if isinstance(row, DamagedTask):
+            rows.append([_t(row.key), _t(row.status, style="bold red"), "-", "-", "-", "-", "-",
+                         _t(row.reason, style="red")])
+            continue
+        rows.append([_t(row.key), _status(row.status), str(row.fence),
+                     _lease(row.lease, now, short=True),
+                     _t(row.cancel.reason if row.cancel else "-"),
+                     str(row.counters.get("work_attempts", 0)), _relative(row.updated_at, now),
+                     *([""] if result.damaged else [])])
+    console.print(_table(title, columns, rows))
 
 
 def damaged_message(damaged: Sequence[DamagedTask], inspect: Callable[[str], str]) -> str:

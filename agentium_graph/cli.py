@@ -35,13 +35,13 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar, get_args
 
 import click
-from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict
 from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from agentium_graph._cli_list import DamagedTask, damaged_message, list_rows
+from agentium_graph._cli_list import MAX_PAGE, DamagedTask, TaskList, run_list
 from agentium_graph._store_uri import open_store_uri, redact
 from agentium_graph.catalog._catalog import HostCatalog
 from agentium_graph.errors import (
@@ -84,7 +84,6 @@ EXIT_CODES: dict[str, int] = {"error": EXIT_ERROR, "usage": EXIT_USAGE,
 DEFAULT_STORE = "sqlite:///agentium.db"
 STATUSES: tuple[str, ...] = get_args(TaskStatus)
 _DIGEST_CHARS = 12
-_MAX_PAGE = 1000  # the most rows a ListTasksRequest may ask for
 _HEX_ID = re.compile(r"^([A-Za-z0-9]+[:_])([0-9a-f]{13,})$")
 # Characters a terminal may act on rather than show: C0 controls, DEL, C1 controls (ESC and
 # CSI start sequences that move the cursor, clear the screen, set the title or open a
@@ -298,26 +297,6 @@ def _reader(store: DurableTaskStore) -> ExecutionGraphRuntime:
 
 # --- output models ------------------------------------------------------------------------
 
-class TaskList(BaseModel):
-    """``list --json``: task headers in key order; pass ``next_after`` to ``--after``.
-    ``damaged`` (dumped only when there is one) holds the tasks of the page whose stored
-    header cannot be read."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    tasks: tuple[TaskHeader, ...]
-    next_after: str | None
-    damaged: tuple[DamagedTask, ...] = ()
-
-    @model_serializer(mode="wrap")
-    def _without_empty_damaged(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # A healthy page dumps exactly as before the field existed.
-        data: dict[str, Any] = handler(self)
-        if not self.damaged:
-            data.pop("damaged", None)
-        return data
-
-
 class CancelOutcome(BaseModel):
     """``cancel --json``: whether this call recorded the request and who will observe it."""
 
@@ -398,7 +377,7 @@ def main() -> None:
 @cli.command("list")
 @click.option("--status", type=click.Choice(STATUSES), default=None,
               help="Only tasks with this status.")
-@click.option("--limit", type=click.IntRange(1, _MAX_PAGE), default=50, show_default=True,
+@click.option("--limit", type=click.IntRange(1, MAX_PAGE), default=50, show_default=True,
               help="At most this many tasks.")
 @click.option("--after", metavar="KEY", callback=_text, default=None,
               help="Only keys sorted after KEY (the next_after of the previous page).")
@@ -410,68 +389,7 @@ def list_command(ctx: click.Context, status: str | None, limit: int, after: str 
 
     A task whose stored header cannot be read is listed as damaged (exit 4).
     """
-
-    async def fetch(store: DurableTaskStore) -> TaskList:
-        # One extra row tells whether another page exists; a full page of the store's
-        # largest (1000, which leaves no room for it) asks for the row after its last key.
-        rows = await list_rows(store, status=status, after=after,
-                               want=min(limit + 1, _MAX_PAGE))
-        page = rows[:limit]
-        more = len(rows) > limit
-        if not more and len(page) == _MAX_PAGE:
-            more = bool(await list_rows(store, status=status, after=page[-1].key, want=1))
-        return TaskList(tasks=tuple(r for r in page if isinstance(r, TaskHeader)),
-                        damaged=tuple(r for r in page if isinstance(r, DamagedTask)),
-                        next_after=page[-1].key if more and page else None)
-
-    config: CliConfig = ctx.obj
-    result = run_with_store(config, fetch, read_only=True)
-    if as_json:
-        _emit_json(result)
-    else:
-        _list_output(ctx, config, result, status, limit)
-    if result.damaged:
-        message = damaged_message(result.damaged, lambda key: _hint(config, ["inspect", key]))
-        click.echo(f"error: {_shown(message)}", err=True)
-        ctx.exit(EXIT_STORE)
-
-
-def _list_output(ctx: click.Context, config: CliConfig, result: TaskList, status: str | None,
-                 limit: int) -> None:
-    _render_list(_console(), result, status)
-    if result.next_after is not None:
-        args = ["list"]
-        if status is not None:
-            args += ["--status", status]
-        if ctx.get_parameter_source("limit") == click.core.ParameterSource.COMMANDLINE:
-            args += ["--limit", str(limit)]
-        click.echo(_shown(f"more: {_hint(config, [*args, '--after', result.next_after])}"))
-
-
-def _render_list(console: Console, result: TaskList, status: str | None) -> None:
-    if not result.tasks and not result.damaged:
-        console.print(f"no tasks{' with status ' + status if status else ''}")
-        return
-    now = datetime.now(UTC)
-    columns = [("key", "id"), ("status", "fixed"), ("fence", "num"), ("lease", "text"),
-               ("cancel", "text"), ("attempts", "num"), ("updated", "fixed")]
-    title = f"{len(result.tasks) + len(result.damaged)} task(s)"
-    if result.damaged:
-        columns.append(("problem", "text"))
-        title += f", {len(result.damaged)} damaged"
-    rows: list[list[Text | str]] = []
-    listed: list[TaskHeader | DamagedTask] = [*result.tasks, *result.damaged]
-    for row in sorted(listed, key=lambda r: r.key):
-        if isinstance(row, DamagedTask):
-            rows.append([_t(row.key), _t(row.status, style="bold red"), "-", "-", "-", "-", "-",
-                         _t(row.reason, style="red")])
-            continue
-        rows.append([_t(row.key), _status(row.status), str(row.fence),
-                     _lease(row.lease, now, short=True),
-                     _t(row.cancel.reason if row.cancel else "-"),
-                     str(row.counters.get("work_attempts", 0)), _relative(row.updated_at, now),
-                     *([""] if result.damaged else [])])
-    console.print(_table(title, columns, rows))
+    run_list(ctx, status=status, limit=limit, after=after, as_json=as_json)
 
 
 # --- inspect ------------------------------------------------------------------------------
