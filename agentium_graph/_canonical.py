@@ -257,36 +257,28 @@ def digest_text(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-# Strings whose canonical JSON is just the string in quotes (no escapes needed).
-_BARE = re.compile(r'[^"\\\x00-\x1f\x7f-\U0010ffff]*')
-
-
-def _bare_part(p: JSONValue) -> str | None:
-    """The canonical JSON of an id part written by hand, or None to use the encoder."""
-    kind = type(p)
-    if kind is str:
-        return f'"{p}"' if _BARE.fullmatch(p) else None
-    if kind is int:
-        return str(p)
-    return "null" if p is None else None
+# Id parts whose C encoding is their canonical JSON as it is (no keys to check, no walk).
+_ATOMS = frozenset((str, int, bool, type(None)))
 
 
 def derive_id(kind: str, *parts: JSONValue) -> str:
     """A deterministic identity: ``<kind>_<first 24 hex of sha256(canonical [kind, *parts])>``."""
-    # Ids are derived on the hot path from ASCII strings and ints, whose canonical JSON is
-    # written directly (identical bytes: a test compares it with the encoder); anything
-    # else goes through the checked encoder.
-    pieces = []
-    for part in (kind, *parts):
-        bare = _bare_part(part)
-        if bare is None:
-            text = canonical_json([kind, *parts])
-            break
-        pieces.append(bare)
-    else:
-        text = "[" + ",".join(pieces) + "]"
-    h = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    return f"{kind}_{h[:24]}"
+    # Ids are derived on the hot path from strings and ints: the C encoder writes their
+    # canonical JSON (identical bytes: a test compares it with the checked encoder). Text
+    # that is not UTF-8 (an unpaired surrogate), an integer too long to be JSON here, or any
+    # other part goes through the checked encoder, which refuses and names what is wrong.
+    items = [kind, *parts]
+    data = None
+    if _c_canonical is not None and _ATOMS.issuperset(map(type, items)):
+        try:
+            data = "".join(_c_canonical(items, 0)).encode("utf-8")
+        except (UnicodeEncodeError, ValueError):
+            data = None
+        if data is not None and len(data) > MAX_INT_DIGITS:
+            data = None  # could hold an integer longer than the checked encoder accepts
+    if data is None:
+        data = canonical_bytes(items)
+    return f"{kind}_{hashlib.sha256(data).hexdigest()[:24]}"
 
 
 def task_id(key: str) -> str:

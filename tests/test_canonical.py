@@ -239,8 +239,8 @@ def test_derive_id_is_deterministic_and_distinguishes_parts() -> None:
 
 
 def test_derive_id_shortcut_hashes_exactly_the_canonical_array() -> None:
-    # Plain ASCII strings, ints and None are written by hand on the hot path; every
-    # other part goes through the encoder. Both must hash the same canonical bytes.
+    # Strings, ints, bools and None are encoded in C on the hot path; every other part
+    # goes through the checked encoder. Both must hash the same canonical bytes.
     def reference(kind: str, *parts: object) -> str:
         text = canonical_json([kind, *parts])
         return f"{kind}_{hashlib.sha256(text.encode()).hexdigest()[:24]}"
@@ -259,6 +259,22 @@ def test_derive_id_shortcut_hashes_exactly_the_canonical_array() -> None:
     for case in cases:
         kind, *parts = case
         assert derive_id(str(kind), *parts) == reference(str(kind), *parts), case
+
+
+def test_derive_id_refuses_what_the_checked_encoder_refuses() -> None:
+    old = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)  # the C encoder could then write any integer
+    try:
+        for parts in (("\ud800",), ("ok", "a\udfffb"), (10 ** 4300,), ("x", float("nan")),
+                      ({1: "a"},)):
+            with pytest.raises(NotJSONError):
+                canonical_json(["k", *parts])
+            with pytest.raises(NotJSONError):
+                derive_id("k", *parts)
+        big = 10 ** 4299  # 4,300 digits: still JSON here
+        assert derive_id("k", big) == derive_id("k", *json.loads(f"[{big}]"))
+    finally:
+        sys.set_int_max_str_digits(old)
 
 
 def test_named_ids_are_stable_and_distinct() -> None:
