@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import math
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ from agentium_graph.providers import (
 )
 from agentium_graph.providers._errors import ProviderTimeoutError, ResponseTooLargeError
 from agentium_graph.providers._protocol import call_complete, close_stream, open_stream
+from agentium_graph.runtime import _abandon
 from agentium_graph.runtime import _effects as effects
 from agentium_graph.runtime._blobs import read_verified
 from agentium_graph.runtime._context import CancelFlag, ToolContext
@@ -71,7 +71,6 @@ PLANNER_KIND = "planner_response"
 PROPOSAL_KIND = "plan_proposal"  # the verdict on one planner response
 STREAM_ATTEMPTS = 2  # an incomplete stream is asked again once before the node fails
 TOOL_KIND = "agent_tool_result"
-log = logging.getLogger("agentium_graph.runtime")
 
 
 @dataclass
@@ -270,6 +269,7 @@ class ModelCaller:
     journal_kind: str = MODEL_KIND
     # What bounds the call, as the timeout error names it (what to raise).
     timeout_setting: str = "the model call's time limit"
+    task_key: str = ""  # the task, as a log line names it
 
 
 @dataclass(slots=True)
@@ -430,7 +430,8 @@ async def _model_call(run: TaskRun, spec: NodeSpec, incarnation: str, agent: Any
                       request: ModelRequest) -> ModelResponse:
     caller = ModelCaller(node_id=spec.id, incarnation=incarnation, provider=agent.provider,
                          stream=agent.stream, timeout=run.rt.effect_timeout,
-                         timeout_setting="ExecutionGraphRuntime(effect_timeout=...)")
+                         timeout_setting="ExecutionGraphRuntime(effect_timeout=...)",
+                         task_key=run.key)
     fetched = await fetch_response(
         run, caller, request,
         lambda problem: AgentFailure(f"agent node {spec.id!r}: {problem}", node_id=spec.id))
@@ -446,19 +447,16 @@ async def _invoke_provider(caller: ModelCaller, request: ModelRequest) -> ModelR
     (:func:`check_response`: a malformed one is a typed error before anything is
     journaled).
 
-    The call runs in a task of its own. When the limit passes, or the caller is canceled
-    (task cancel, deadline, a stop of the run), that task is canceled and given
-    :data:`ABANDON_AFTER` seconds to end; a provider that swallows the cancellation is then
-    abandoned (logged), so it cannot hold the node, and the task, running forever."""
-    call = asyncio.create_task(_provider_call(caller, request),
-                               name=f"model-call:{caller.incarnation}")
-    try:
-        done, _ = await asyncio.wait({call}, timeout=caller.timeout)
-    except asyncio.CancelledError:
-        await _stop_call(call, caller, "canceled")
-        raise
-    if not done:
-        await _stop_call(call, caller, "timed out")
+    The call runs in a task of its own (:func:`_abandon.call`). When the limit passes, or
+    the caller is canceled (task cancel, deadline, a stop of the run), that task is canceled
+    and given :data:`_abandon.GRACE` seconds to end; a provider that swallows the
+    cancellation is then abandoned (logged), so it cannot hold the node, and the task,
+    running forever."""
+    # The provider's own errors (its transport's TimeoutError too) as they are.
+    response = await _abandon.call(_provider_call(caller, request), caller.timeout,
+                                   _who(caller, provider=True),
+                                   name=f"model-call:{caller.incarnation}")
+    if response is None:
         raise ProviderTimeoutError(
             f"the model call {'stream' if caller.stream else 'request'} of "
             f"{_who(caller)} did not finish within {caller.timeout:g} s, the limit set by "
@@ -467,11 +465,7 @@ async def _invoke_provider(caller: ModelCaller, request: ModelRequest) -> ModelR
             node_id=caller.node_id,
             details={"timeout_seconds": caller.timeout, "limit": caller.timeout_setting,
                      "stream": caller.stream})
-    # The provider's own errors (its transport's TimeoutError too) as they are.
-    return call.result()
-
-
-ABANDON_AFTER = 1.0  # seconds a canceled provider call has to end before it is abandoned
+    return response
 
 
 async def _provider_call(caller: ModelCaller, request: ModelRequest) -> ModelResponse:
@@ -485,27 +479,14 @@ async def _provider_call(caller: ModelCaller, request: ModelRequest) -> ModelRes
         await close_stream(stream)
 
 
-async def _stop_call(call: asyncio.Task[ModelResponse], caller: ModelCaller,
-                     why: str) -> None:
-    """Cancel a provider call and wait (a bounded time) for it to end."""
-    call.cancel()
-    try:
-        done, _ = await asyncio.wait({call}, timeout=ABANDON_AFTER)
-    finally:
-        call.add_done_callback(_retrieve)
-    if not done:
-        log.warning("the model call of %s %s, but its provider did not stop within %g s "
-                    "of being canceled (it swallows cancellation); the call is abandoned",
-                    _who(caller), why, ABANDON_AFTER)
-
-
-def _retrieve(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled():
-        task.exception()  # retrieved: nobody awaits an abandoned call
-
-
-def _who(caller: ModelCaller) -> str:
-    return "the planner" if caller.node_id is None else f"agent node {caller.node_id!r}"
+def _who(caller: ModelCaller, *, provider: bool = False) -> str:
+    """The planner or the agent node that makes the call (``provider``: with its task and
+    its provider, as a log line names them)."""
+    who = "the planner" if caller.node_id is None else f"agent node {caller.node_id!r}"
+    if not provider:
+        return who
+    return f"the model call of {who} of task {caller.task_key!r} to " \
+           f"{_abandon.provider_name(caller.provider)}"
 
 
 async def _tool_call(run: TaskRun, spec: NodeSpec, tools: dict[str, ToolBinding],

@@ -208,7 +208,8 @@ async def plan_task(run: TaskRun, program: ExecutionGraphProgram) -> None:
                          provider=config.provider, stream=False,
                          timeout=config.stream.max_latency_ms / 1000,
                          journal_kind=PLANNER_KIND,
-                         timeout_setting="PlannerConfig(stream=StreamLimits(max_latency_ms=...))")
+                         timeout_setting="PlannerConfig(stream=StreamLimits(max_latency_ms=...))",
+                         task_key=run.key)
     request = first_request(run, config)
     for proposal in range(config.max_corrections + 1):
         fetched = await fetch_response(run, caller, request, _damaged(run))

@@ -22,6 +22,11 @@ continued the same way. Every provider call is charged and journaled before it i
 Limits (``PlannerConfig.stream``): ``max_frame_bytes`` per frame and ``max_total_bytes`` per
 call close the stream as a rejection; ``max_frames`` (frames judged over the task's life) and
 running out of calls fail the task; ``max_latency_ms`` bounds the wait for each event.
+
+The stream is read through a task of its own (:class:`~._abandon.OwnedStream`). A stop of
+the run (cancel, lost lease, deadline, budget) or ``max_latency_ms`` cancels it; a provider
+that swallows that cancellation is abandoned after :data:`~._abandon.GRACE` seconds (a
+warning naming it), and nothing it sends afterwards is judged or committed.
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ import asyncio
 import contextlib
 import json
 import math
-from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -51,12 +55,12 @@ from agentium_graph.providers import (
     ModelMessage,
     ModelRequest,
     StreamEnd,
-    StreamEvent,
     TextDelta,
     ToolCallDelta,
     check_stream_event,
 )
-from agentium_graph.providers._protocol import close_stream, open_stream
+from agentium_graph.providers._protocol import open_stream
+from agentium_graph.runtime._abandon import OwnedStream, provider_name
 from agentium_graph.runtime._agent import PROPOSAL_KIND, beyond_reservation
 from agentium_graph.runtime._containers import node_record
 from agentium_graph.runtime._planner import (
@@ -232,11 +236,16 @@ async def _one_stream(run: TaskRun, program: ExecutionGraphProgram, config: Plan
         limits = config.stream
         timeout = limits.max_latency_ms / 1000
         reader = _Frames(limits.max_frame_bytes, limits.max_total_bytes)
-        stream = open_stream(config.provider, request)  # an async iterator, or typed
+        # Read through a task of its own, so a provider that swallows the cancellation of
+        # a stop (or of a time limit) is abandoned after a grace instead of holding the run.
+        stream = OwnedStream(open_stream(config.provider, request),
+                             f"the planner stream of task {run.key!r} from "
+                             f"{provider_name(config.provider)}",
+                             name=f"planner-stream:{run.key}")
         clock = asyncio.get_running_loop().time
         progress = clock()  # the stream's start, then each committed frame
         seen = 0
-        async with _closing(stream):
+        try:
             while True:
                 # max_latency_ms bounds the wait for each event *and* for each next frame, so
                 # a stream that trickles (empty or tiny deltas) cannot hold the task open.
@@ -244,7 +253,7 @@ async def _one_stream(run: TaskRun, program: ExecutionGraphProgram, config: Plan
                 if left <= 0:
                     raise TimeoutError("no frame within the planner's max_latency_ms")
                 try:
-                    event = await asyncio.wait_for(anext(stream), min(timeout, left))
+                    event = await stream.next(min(timeout, left))
                 except StopAsyncIteration:
                     raise _Rejected([Diagnostic(path="$", code="stream_incomplete", message=(
                         "the stream ended before its end; continue from the current "
@@ -276,17 +285,10 @@ async def _one_stream(run: TaskRun, program: ExecutionGraphProgram, config: Plan
                         f"the planner's provider streamed a {type(event).__name__}, which is "
                         "not a stream event; fix the provider adapter",
                         details={"reason": "not_a_stream_event"})
+        finally:
+            await stream.aclose()
     finally:
         run.admission.release(ticket)
-
-
-@contextlib.asynccontextmanager
-async def _closing(stream: AsyncIterator[StreamEvent]) -> AsyncGenerator[None, None]:
-    """Close the stream at the end (its ``aclose()``, if it has one)."""
-    try:
-        yield
-    finally:
-        await close_stream(stream)
 
 
 async def _seal(run: TaskRun, end: StreamEnd, estimate_in: int, reserve_out: int,

@@ -1,0 +1,181 @@
+"""Provider calls the runtime can stop waiting for.
+
+The provider contract says a canceled call stops promptly. A provider that breaks it -- one
+that catches ``CancelledError`` and keeps awaiting, or keeps streaming -- must not hold a
+run open: a task cancel, a lost lease, a deadline or a time limit would then never end
+``run()``. So a provider's work runs in a task of its own. To stop it, the runtime cancels
+that task and waits at most :data:`GRACE` seconds for it to end; a task still running then
+is abandoned: a warning naming the provider is logged, nothing awaits it any more and
+nothing it returns or sends later is used. The caller then ends exactly as it would have
+had the provider honored the cancel.
+
+:func:`call` runs one awaitable this way (a ``complete()`` or a whole assembled stream);
+:class:`OwnedStream` reads a stream event by event, every step of it (each ``__anext__``
+and the final ``aclose()``) in one task, since a provider may hold task-bound state across
+its yields (a timeout or cancel scope).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, TypeVar
+
+from agentium_graph.providers._models import StreamEvent
+from agentium_graph.providers._protocol import close_stream
+
+T = TypeVar("T")
+
+# Seconds a canceled provider call has to end before it is abandoned. The contract asks a
+# provider to stop promptly (closing a connection is local work), so one that has not ended
+# within a second has swallowed the cancellation; a longer wait would only delay the end of
+# every canceled run whose provider misbehaves.
+GRACE = 1.0
+log = logging.getLogger("agentium_graph.runtime")
+
+_END: Any = object()  # what OwnedStream's task reports for the stream's end
+
+
+def provider_name(provider: Any) -> str:
+    """How a log line names a provider: its id, its version and its class."""
+    return (f"provider {getattr(provider, 'id', '?')!r} version "
+            f"{getattr(provider, 'version', '?')!r} ({type(provider).__name__})")
+
+
+async def call(work: Coroutine[Any, Any, T], within: float | None, who: str, *,
+               name: str) -> T | None:
+    """Await ``work`` in a task of its own, for at most ``within`` seconds.
+
+    Returns its result (its exception is raised), or None when the time passed: the task
+    was then stopped (:func:`stop`). When the caller is canceled, the task is stopped and
+    the cancellation goes on. ``who`` names the call and its provider in the log."""
+    task = asyncio.create_task(work, name=name)
+    if not await wait_or_stop(task, task, within, who):
+        return None
+    return task.result()
+
+
+async def wait_or_stop(waited: asyncio.Future[Any], task: asyncio.Task[Any],
+                       within: float | None, who: str,
+                       stopping: Callable[[], None] | None = None) -> bool:
+    """Wait at most ``within`` seconds for ``waited`` (which ``task`` resolves): True when
+    it is done (or ``task`` ended without resolving it), False when the time passed. On a
+    timeout, or when the caller is canceled (the cancellation then goes on), ``stopping``
+    is called and ``task`` is stopped (:func:`stop`)."""
+    try:
+        done, _ = await asyncio.wait({waited, task}, timeout=within,
+                                     return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        if stopping is not None:
+            stopping()
+        await stop(task, who, "the call was canceled")
+        raise
+    if done:
+        return True
+    if stopping is not None:
+        stopping()
+    await stop(task, who, f"the call took longer than {within:g} s")
+    return False
+
+
+async def stop(task: asyncio.Task[Any], who: str, why: str) -> None:
+    """Cancel ``task`` and wait at most :data:`GRACE` seconds for it to end; if it does not,
+    abandon it (a warning naming ``who``).
+
+    A further cancellation of the caller meanwhile is held until the grace is over and then
+    raised: a second cancel (a run abandoning the work it stopped a moment ago) must not
+    cut short the time a well-behaved provider gets to end."""
+    task.add_done_callback(_retrieve)  # nobody may await it any more
+    task.cancel()
+    loop = asyncio.get_running_loop()
+    until = loop.time() + GRACE
+    held: asyncio.CancelledError | None = None
+    while not task.done() and (left := until - loop.time()) > 0:
+        try:
+            await asyncio.wait({task}, timeout=left)
+        except asyncio.CancelledError as exc:
+            held = exc
+    if not task.done():
+        log.warning("%s did not end within %g s of being canceled (%s): it swallows "
+                    "cancellation, which a ModelProvider must not do; the call is abandoned "
+                    "and anything it returns or sends later is ignored", who, GRACE, why)
+    if held is not None:
+        raise held
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: nobody awaits a stopped call
+
+
+class OwnedStream:
+    """A provider's stream read through a task of its own.
+
+    :meth:`next` asks that task for one event; :meth:`aclose` has it close the stream
+    (``aclose()``). When a :meth:`next` is canceled or times out, the task is stopped
+    (:func:`stop`): an event the provider still produces after that is dropped, and the
+    task then closes the stream. The task asks the provider for an event only when
+    :meth:`next` is called, so the provider is read exactly as by a plain loop."""
+
+    def __init__(self, stream: AsyncIterator[StreamEvent], who: str, *, name: str) -> None:
+        self._stream = stream
+        self._who = who
+        self._asks: asyncio.Queue[asyncio.Future[tuple[bool, Any]] | None] = asyncio.Queue()
+        self._stopped = False  # set when the consumer stopped the task (cancel, timeout)
+        self._task = asyncio.create_task(self._serve(), name=name)
+
+    def _stopping(self) -> None:
+        self._stopped = True
+
+    async def next(self, within: float | None) -> StreamEvent:
+        """The next event: raises what the stream raised (``StopAsyncIteration`` at its
+        end), or :class:`TimeoutError` when none came within ``within`` seconds."""
+        ask: asyncio.Future[tuple[bool, Any]] = asyncio.get_running_loop().create_future()
+        self._asks.put_nowait(ask)
+        if not await wait_or_stop(ask, self._task, within, self._who, self._stopping):
+            raise TimeoutError(f"no stream event within {within:g} s")
+        if not ask.done():  # its task ended without answering (read after the end)
+            self._task.result()
+            raise StopAsyncIteration
+        ok, value = ask.result()
+        if not ok:
+            raise value
+        if value is _END:
+            raise StopAsyncIteration
+        return value  # type: ignore[no-any-return]
+
+    async def aclose(self) -> None:
+        """Close the stream (its ``aclose()``), waiting at most :data:`GRACE` seconds for
+        that, then as :func:`stop` does. An error the close raises is raised here. Nothing
+        to do once the task was stopped: it closes the stream itself (or was abandoned)."""
+        if self._stopped:
+            return
+        self._asks.put_nowait(None)
+        if await wait_or_stop(self._task, self._task, GRACE, self._who, self._stopping):
+            self._task.result()
+
+    async def _serve(self) -> None:
+        try:
+            while not self._stopped:
+                ask = await self._asks.get()
+                if ask is None:
+                    return  # closed by the consumer
+                try:
+                    event = await anext(self._stream)
+                except StopAsyncIteration:
+                    _answer(ask, True, _END)
+                    return
+                except BaseException as exc:  # the consumer raises it as it is
+                    _answer(ask, False, exc)
+                    if self._stopped and isinstance(exc, asyncio.CancelledError):
+                        raise  # the consumer stopped this task
+                    return
+                _answer(ask, True, event)  # dropped if the consumer stopped meanwhile
+        finally:
+            await close_stream(self._stream)
+
+
+def _answer(ask: asyncio.Future[tuple[bool, Any]], ok: bool, value: Any) -> None:
+    if not ask.done():
+        ask.set_result((ok, value))
