@@ -398,6 +398,18 @@ def bool_only(value: Any) -> Any:
     raise ValueError(f"must be a bool (True or False), not {type(value).__name__} {text}")
 
 
+def check_flags(**flags: object) -> None:
+    """For a constructor's bool arguments (a store's ``read_only=``, ``create=``): raise
+    :class:`ConfigurationError` naming the first that is not a real bool (``details``
+    ``argument``), rather than take ``1``, ``"yes"`` or ``"false"`` for one."""
+    for name, flag in flags.items():
+        if not isinstance(flag, bool):
+            raise ConfigurationError(
+                f"{' and '.join(flags)} must be True or False; {name} is "
+                f"{type(flag).__name__} {bound_text(repr(flag), 40)} (1, 'yes' or 'false' "
+                "are refused rather than guessed at)", details={"argument": name})
+
+
 def number_only(value: Any) -> Any:
     """For a ``mode="before"`` validator of a public float field: ``value`` itself when it
     is an int or a float (or None, which the field's own type accepts or refuses). A bool or

@@ -28,7 +28,7 @@ from tenacity import (
 )
 
 from agentium_graph._otel import traced_store
-from agentium_graph.errors import ConfigurationError, StoreError
+from agentium_graph.errors import ConfigurationError, StoreError, check_flags
 from agentium_graph.store import (
     AcquireLeaseRequest,
     CancelTaskRequest,
@@ -178,12 +178,7 @@ class MongoDBDurableTaskStore:
                  retry_max_wait_s: float = 1.0, cas_attempts: int = 20,
                  cache_size: int = 256, read_only: bool = False, create: bool = True) -> None:
         _check_database_name(database)
-        for name, flag in (("read_only", read_only), ("create", create)):
-            if not isinstance(flag, bool):
-                raise ConfigurationError(
-                    f"read_only and create must be True or False; {name} is {_shown(flag)} "
-                    "(1, 'yes' or 'false' are refused rather than guessed at)",
-                    details={"argument": name})
+        check_flags(read_only=read_only, create=create)
         self._read_only = read_only
         self._create = create and not read_only
         if not isinstance(write_concern, WriteConcern) or not write_concern.acknowledged:

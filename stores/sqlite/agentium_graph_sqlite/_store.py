@@ -25,7 +25,7 @@ from tenacity import (
 )
 
 from agentium_graph._otel import traced_store
-from agentium_graph.errors import ConfigurationError, StoreError, bound_text
+from agentium_graph.errors import ConfigurationError, StoreError, bound_text, check_flags
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import JournalEntry, TaskHeader, TaskIdentity, TaskSnapshot
 from agentium_graph.store._requests import (
@@ -273,12 +273,7 @@ class SQLiteDurableTaskStore:
                 f"the path part (for sqlite:///data/tasks.db pass 'data/tasks.db')",
                 details={"argument": "path"})
         _check_path(text)
-        for name, flag in (("read_only", read_only), ("create", create)):
-            if not isinstance(flag, bool):
-                raise ConfigurationError(
-                    f"read_only and create must be True or False; {name} is {_shown(flag)} "
-                    "(1, 'yes' or 'false' are refused rather than guessed at)",
-                    details={"argument": name})
+        check_flags(read_only=read_only, create=create)
         if not isinstance(synchronous, str) or \
                 (sync := synchronous.upper()) not in ("FULL", "NORMAL"):
             raise ConfigurationError(
