@@ -86,22 +86,51 @@ async def stop(task: asyncio.Task[Any], who: str, why: str) -> None:
     A further cancellation of the caller meanwhile is held until the grace is over and then
     raised: a second cancel (a run abandoning the work it stopped a moment ago) must not
     cut short the time a well-behaved provider gets to end."""
-    task.add_done_callback(_retrieve)  # nobody may await it any more
-    task.cancel()
-    loop = asyncio.get_running_loop()
-    until = loop.time() + GRACE
-    held: asyncio.CancelledError | None = None
-    while not task.done() and (left := until - loop.time()) > 0:
-        try:
-            await asyncio.wait({task}, timeout=left)
-        except asyncio.CancelledError as exc:
-            held = exc
-    if not task.done():
+    left, held = await _cancel_within_grace([task], GRACE)
+    if left:
         log.warning("%s did not end within %g s of being canceled (%s): it swallows "
                     "cancellation, which a ModelProvider must not do; the call is abandoned "
                     "and anything it returns or sends later is ignored", who, GRACE, why)
     if held is not None:
         raise held
+
+
+async def stop_all(tasks: list[asyncio.Task[Any]], who: str) -> None:
+    """:func:`stop` for the tasks a run leaves behind (its lease was lost, or ``run()`` itself
+    was canceled): its nodes' and its planner's. They are canceled and given three times
+    :data:`GRACE` to end together (a planner stops its provider within at most twice that
+    itself, so only code that swallows cancellation is reported); one still running then
+    is abandoned with a warning, so a tool that swallows cancellation cannot hold ``run()``
+    open. Nothing it returns later is used: the run that launched it has ended."""
+    grace = 3 * GRACE
+    left, held = await _cancel_within_grace(tasks, grace)
+    for task in left:
+        log.warning("%s: %s did not end within %g s of being canceled: it swallows "
+                    "cancellation (a tool must let CancelledError propagate); it is "
+                    "abandoned and its result is ignored", who, task.get_name(), grace)
+    if held is not None:
+        raise held
+
+
+async def _cancel_within_grace(tasks: list[asyncio.Task[Any]], grace: float) -> tuple[
+        list[asyncio.Task[Any]], asyncio.CancelledError | None]:
+    """Cancel ``tasks`` and wait at most ``grace`` seconds for them to end: the tasks
+    still running then, and a cancellation of the caller that came meanwhile (held, so a
+    second cancel cannot cut short the time well-behaved code gets to end)."""
+    for task in tasks:
+        task.add_done_callback(_retrieve)  # nobody may await it any more
+        task.cancel()
+    loop = asyncio.get_running_loop()
+    until = loop.time() + grace
+    held: asyncio.CancelledError | None = None
+    pending = [t for t in tasks if not t.done()]
+    while pending and (left := until - loop.time()) > 0:
+        try:
+            await asyncio.wait(pending, timeout=left)
+        except asyncio.CancelledError as exc:
+            held = exc
+        pending = [t for t in pending if not t.done()]
+    return pending, held
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:

@@ -40,6 +40,7 @@ from agentium_graph.errors import (
 from agentium_graph.plan._validate import CompiledPlan, resolve_args
 from agentium_graph.runtime import _containers as containers
 from agentium_graph.runtime import _effects as effects
+from agentium_graph.runtime._abandon import stop_all
 from agentium_graph.runtime._admission import AdmissionController, Ticket
 from agentium_graph.runtime._agent import (
     MODEL_KIND,
@@ -773,8 +774,6 @@ class TaskRun:
         for r in self.running.values():
             r.ctx._cancel.set()
             self.admission.release(r.ticket)
-        for t in tasks:
-            t.cancel()
         if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await stop_all(tasks, f"task {self.key!r}")
         self.running.clear()
