@@ -63,12 +63,19 @@ def _where(root: str, link: _Link) -> str:
     return json_path(reversed(parts), root)
 
 
-def _check_text(text: str, root: str, link: _Link) -> None:
+def _encodable(text: str) -> bool:
+    """Whether ``text`` is valid Unicode (no unpaired surrogate), so it can be UTF-8."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_text(text: str, root: str, link: _Link) -> None:
+    if not _encodable(text):
         raise NotJSONError(_where(root, link), "string holds an unpaired surrogate, which "
-                                               "is not valid Unicode") from None
+                                               "is not valid Unicode")
 
 
 # Integers of more digits than this are refused: Python will not write them as text beyond
@@ -224,14 +231,6 @@ def checked_json(value: Any, path: str = "$") -> tuple[str, JSONValue]:
     check_json(value, path)
     text = _encode_checked(value)
     return text, json.loads(text)
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def canonical_bytes(value: JSONValue, *, trusted: bool = False) -> bytes:

@@ -375,6 +375,11 @@ def config_error(kind: str, data: Mapping[str, Any], exc: ValidationError) -> Co
     return ConfigurationError(f"invalid {kind}{' ' + repr(name) if name else ''}: {problems}")
 
 
+def shown(value: object) -> str:
+    """A wrong config value for an error message: its type and a bounded repr."""
+    return f"{type(value).__name__} {bound_text(repr(value), 40)}"
+
+
 def int_only(value: Any) -> Any:
     """For a ``mode="before"`` validator of a public int field: ``value`` itself when it is
     an int (or None, which the field's own type accepts or refuses). A bool, a float or a
@@ -382,8 +387,7 @@ def int_only(value: Any) -> Any:
     3), raises ValueError saying what it is: config errs loudly rather than guess."""
     if value is None or (isinstance(value, int) and not isinstance(value, bool)):
         return value
-    text = bound_text(repr(value), 40)
-    raise ValueError(f"must be an int, not {type(value).__name__} {text}")
+    raise ValueError(f"must be an int, not {shown(value)}")
 
 
 def bool_only(value: Any) -> Any:
@@ -394,8 +398,7 @@ def bool_only(value: Any) -> Any:
     than guess."""
     if value is None or isinstance(value, bool):
         return value
-    text = bound_text(repr(value), 40)
-    raise ValueError(f"must be a bool (True or False), not {type(value).__name__} {text}")
+    raise ValueError(f"must be a bool (True or False), not {shown(value)}")
 
 
 def check_flags(**flags: object) -> None:
@@ -405,9 +408,9 @@ def check_flags(**flags: object) -> None:
     for name, flag in flags.items():
         if not isinstance(flag, bool):
             raise ConfigurationError(
-                f"{' and '.join(flags)} must be True or False; {name} is "
-                f"{type(flag).__name__} {bound_text(repr(flag), 40)} (1, 'yes' or 'false' "
-                "are refused rather than guessed at)", details={"argument": name})
+                f"{' and '.join(flags)} must be True or False; {name} is {shown(flag)} "
+                "(1, 'yes' or 'false' are refused rather than guessed at)",
+                details={"argument": name})
 
 
 def number_only(value: Any) -> Any:
@@ -417,5 +420,4 @@ def number_only(value: Any) -> Any:
     into 10.0), raises ValueError saying what it is: config errs loudly rather than guess."""
     if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
         return value
-    text = bound_text(repr(value), 40)
-    raise ValueError(f"must be a number (an int or a float), not {type(value).__name__} {text}")
+    raise ValueError(f"must be a number (an int or a float), not {shown(value)}")

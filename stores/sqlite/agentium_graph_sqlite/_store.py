@@ -25,7 +25,7 @@ from tenacity import (
 )
 
 from agentium_graph._otel import traced_store
-from agentium_graph.errors import ConfigurationError, StoreError, bound_text, check_flags
+from agentium_graph.errors import ConfigurationError, StoreError, check_flags, shown
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import JournalEntry, TaskHeader, TaskIdentity, TaskSnapshot
 from agentium_graph.store._requests import (
@@ -162,11 +162,6 @@ def _fspath(path: object) -> str | bytes:
         f"naming the database file, not {type(path).__name__}", details={"argument": "path"})
 
 
-def _shown(value: object) -> str:
-    """A wrong argument for an error message: its type and a bounded repr."""
-    return f"{type(value).__name__} {bound_text(repr(value), 40)}"
-
-
 def _check_path(text: str) -> None:
     """Refuse, without I/O, a path string no file can have or that names a directory."""
     if "\0" in text:
@@ -278,7 +273,7 @@ class SQLiteDurableTaskStore:
                 (sync := synchronous.upper()) not in ("FULL", "NORMAL"):
             raise ConfigurationError(
                 f"synchronous must be 'FULL' (default, survives power loss) or 'NORMAL', "
-                f"got {_shown(synchronous)}",
+                f"got {shown(synchronous)}",
                 details={"argument": "synchronous"})
         for name, seconds in (("busy_timeout_s", busy_timeout_s),
                               ("retry_max_wait_s", retry_max_wait_s)):
@@ -287,11 +282,11 @@ class SQLiteDurableTaskStore:
                     not 0 < seconds <= _MAX_WAIT_S:
                 raise ConfigurationError(
                     f"{name} must be a number of seconds (an int or a float) above 0 and at "
-                    f"most {_MAX_WAIT_S:g}, got {_shown(seconds)}", details={"argument": name})
+                    f"most {_MAX_WAIT_S:g}, got {shown(seconds)}", details={"argument": name})
         if not isinstance(busy_retries, int) or isinstance(busy_retries, bool) or \
                 not 0 <= busy_retries <= 100:
             raise ConfigurationError(f"busy_retries must be an int from 0 to 100, got "
-                                     f"{_shown(busy_retries)}",
+                                     f"{shown(busy_retries)}",
                                      details={"argument": "busy_retries"})
         self._settings = Settings(path=Path(text).absolute(), synchronous=sync,
                                   busy_timeout_s=float(busy_timeout_s), read_only=read_only,
