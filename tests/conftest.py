@@ -11,6 +11,7 @@ from agentium_graph import (
     ExecutionGraphProgram,
     HostCatalog,
     InMemoryDurableTaskStore,
+    StaleFenceError,
     ToolBinding,
 )
 from agentium_graph.store import (
@@ -18,6 +19,8 @@ from agentium_graph.store import (
     CommitRequest,
     CommitResult,
     LeaseGrant,
+    LeaseStatus,
+    RenewLeaseRequest,
     TaskHeader,
     TaskIdentity,
     TaskSnapshot,
@@ -133,6 +136,19 @@ def calls() -> Calls:
 @pytest.fixture
 def store() -> CountingStore:
     return CountingStore()
+
+
+class LosableLease(InMemoryDurableTaskStore):
+    """Renews leases until ``lose`` is set; then every renewal finds another fence."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lose = False
+
+    async def renew_lease(self, request: RenewLeaseRequest) -> LeaseStatus:
+        if self.lose:
+            raise StaleFenceError(request.key, request.fence, request.fence + 1)
+        return await super().renew_lease(request)
 
 
 class ManualClock:

@@ -31,7 +31,6 @@ from agentium_graph import (
     ExecutionGraphProgram,
     ExecutionGraphRuntime,
     HostCatalog,
-    InMemoryDurableTaskStore,
     PlannerConfig,
     PlannerFailedError,
     StaleFenceError,
@@ -49,7 +48,7 @@ from agentium_graph.providers import (
     Usage,
 )
 from agentium_graph.runtime import _abandon
-from agentium_graph.store import LeaseStatus, RenewLeaseRequest
+from tests.conftest import LosableLease
 
 HANG_LIMIT = 30.0  # seconds: far beyond any grace period; reaching it means run() hung
 USAGE = Usage(input_tokens=10, output_tokens=10)
@@ -119,19 +118,6 @@ class HeldStream:
             if self.behavior == "sends":
                 await self._stubborn_wait()
             self.finished.set()
-
-
-class LosableLease(InMemoryDurableTaskStore):
-    """Renews leases until ``lose`` is set; then every renewal finds another fence."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lose = False
-
-    async def renew_lease(self, request: RenewLeaseRequest) -> LeaseStatus:
-        if self.lose:
-            raise StaleFenceError(request.key, request.fence, request.fence + 1)
-        return await super().renew_lease(request)
 
 
 def streamed(provider: Any, **kw: Any) -> ExecutionGraphProgram:

@@ -27,23 +27,10 @@ from agentium_graph import (
     ToolBinding,
 )
 from agentium_graph.runtime import _abandon
-from agentium_graph.store import LeaseStatus, RenewLeaseRequest
+from tests.conftest import LosableLease
 
 HANG_LIMIT = 30.0  # seconds: far beyond the grace; reaching it means run() hung
 LOGGER = "agentium_graph.runtime"
-
-
-class LosableLease(InMemoryDurableTaskStore):
-    """Renews leases until ``lose`` is set; then every renewal finds another fence."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lose = False
-
-    async def renew_lease(self, request: RenewLeaseRequest) -> LeaseStatus:
-        if self.lose:
-            raise StaleFenceError(request.key, request.fence, request.fence + 1)
-        return await super().renew_lease(request)
 
 
 class Stubborn:
