@@ -203,7 +203,8 @@ class StubbornComplete:
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         await self._wait()
-        return ModelResponse(text=frame(0, "a").split("\n")[0], usage=USAGE)
+        return ModelResponse(text=frame(0, "a").split("\n")[0], usage=USAGE,
+                             stop_reason="end")
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
         await self._wait()
