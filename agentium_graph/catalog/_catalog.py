@@ -156,4 +156,6 @@ class HostCatalog:
 
 
 def _version_key(version: str) -> tuple[tuple[int, str], ...]:
-    return tuple((int(p), "") if p.isdigit() else (-1, p) for p in version.split("."))
+    # isdigit() is also true of "²", which int() refuses: ASCII digits only.
+    return tuple((int(p), "") if p.isascii() and p.isdigit() else (-1, p)
+                 for p in version.split("."))
