@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 from jsonschema.protocols import Validator
-from jsonschema.validators import validator_for
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -19,7 +16,7 @@ from pydantic import (
 )
 
 from agentium_graph._canonical import NotJSONError, digest, json_copy
-from agentium_graph._schemarefs import check_refs, local_registry
+from agentium_graph._schemarefs import checked_validator
 from agentium_graph.errors import ConfigurationError, config_error, int_only, positional
 from agentium_graph.providers._protocol import shape_problem
 
@@ -158,16 +155,8 @@ class ExecutionGraphProgram(BaseModel):
         except ValidationError as exc:
             raise config_error("ExecutionGraphProgram", data, exc) from None
         if self.input_schema is not None:
-            cls = validator_for(self.input_schema, default=Draft202012Validator)
-            try:
-                cls.check_schema(self.input_schema)
-            except SchemaError as exc:
-                raise ConfigurationError(
-                    f"program {self.id!r}: input_schema is not a valid JSON Schema: "
-                    f"{exc.message} at {exc.json_path.replace('$', 'input_schema', 1)}; fix "
-                    "the schema") from None
-            check_refs(self.input_schema, cls, f"program {self.id!r}: input_schema")
-            self._input_validator = cls(self.input_schema, registry=local_registry())
+            _, self._input_validator = checked_validator(
+                self.input_schema, f"program {self.id!r}: input_schema", root="input_schema")
 
     @property
     def input_validator(self) -> Validator | None:

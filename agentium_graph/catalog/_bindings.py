@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 from jsonschema.exceptions import ValidationError as SchemaViolation
 from jsonschema.protocols import Validator
-from jsonschema.validators import validator_for
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -25,7 +23,7 @@ from pydantic import (
 from agentium_graph._canonical import NotJSONError, check_json, json_copy
 from agentium_graph._fastschema import Predicate, compile_fast
 from agentium_graph._program import ExecutionGraphProgram
-from agentium_graph._schemarefs import check_refs, local_registry
+from agentium_graph._schemarefs import checked_validator
 from agentium_graph.errors import (
     ConfigurationError,
     bool_only,
@@ -77,20 +75,23 @@ def _compile(schema: Mapping[str, Any], where: str) -> tuple[Validator, Predicat
         raise ConfigurationError(f"{where} is not JSON data ({exc}); use plain JSON values") \
             from None
     own = copy.deepcopy(dict(schema))
-    cls = validator_for(own, default=Draft202012Validator)
-    try:
-        cls.check_schema(own)
-    except SchemaError as exc:
-        raise ConfigurationError(
-            f"{where} is not a valid JSON Schema: {exc.message} at "
-            f"{exc.json_path.replace('$', 'schema', 1)}; fix the schema") from None
-    check_refs(own, cls, where)
     # The validator owns a private copy, so nothing outside can change what it checks.
-    validator: Validator = cls(own, registry=local_registry())
+    cls, validator = checked_validator(own, where)
     # Built from the validator's own copy and format checker, so both decide alike (an
     # unknown checker counts as asserting, which leaves "format" to jsonschema).
     checker = getattr(validator, "format_checker", validator)
     return validator, compile_fast(own, cls, format_checker=checker)
+
+
+def _errors(validator: Validator, value: Any) -> list[SchemaViolation]:
+    try:
+        return sorted(validator.iter_errors(value), key=_path_key)
+    except RecursionError:
+        # A recursive schema checks each level of the value through several frames, so
+        # data within the JSON nesting bound can still exhaust Python's stack.
+        return [SchemaViolation(
+            "the value nests too deeply to be checked against this recursive schema; send "
+            "flatter data")]
 
 
 def is_async_callable(fn: Any) -> bool:
@@ -140,7 +141,9 @@ class _BindingBase(BaseModel):
             data = dict(data)
             for name in ("input_schema", "output_schema"):
                 if isinstance(data.get(name), Mapping):
-                    data[name] = copy.deepcopy(dict(data[name]))
+                    # Too deep to copy is too deep to be JSON: _compile says so, with where.
+                    with contextlib.suppress(RecursionError):
+                        data[name] = copy.deepcopy(dict(data[name]))
         return data
 
     @field_validator("validate_template")
@@ -179,8 +182,7 @@ class _BindingBase(BaseModel):
         fast: Predicate | None = private["_input_fast"]
         if fast is not None and fast(value):
             return []
-        validator: Validator = private["_input_validator"]
-        return sorted(validator.iter_errors(value), key=_path_key)
+        return _errors(private["_input_validator"], value)
 
     def output_errors(self, value: Any) -> list[SchemaViolation]:
         """As :meth:`input_errors`, for the output schema."""
@@ -188,8 +190,7 @@ class _BindingBase(BaseModel):
         fast: Predicate | None = private["_output_fast"]
         if fast is not None and fast(value):
             return []
-        validator: Validator = private["_output_validator"]
-        return sorted(validator.iter_errors(value), key=_path_key)
+        return _errors(private["_output_validator"], value)
 
     kind: ClassVar[BindingKind]  # each binding class sets its own kind
 
