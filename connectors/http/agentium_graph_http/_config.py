@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from typing import Any, Literal
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -16,6 +16,23 @@ _KEY = re.compile(r"[\x21-\x7e]{1,255}")
 # RFC 9110 field content, ASCII only: visible characters, with spaces or tabs between them.
 _FIELD_VALUE = re.compile(r"(?:[\x21-\x7e](?:[\x20\x21-\x7e\t]*[\x21-\x7e])?)?")
 DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+_DOT_SEGMENTS = frozenset({".", ".."})
+
+
+def _dot_segment(path: str) -> bool:
+    """Whether ``path`` has a ``.`` or ``..`` segment (``%2e`` spelled too): httpx removes
+    them, and servers may decode then remove them, so the request would go elsewhere."""
+    return any(unquote(part) in _DOT_SEGMENTS for part in path.split("/"))
+
+
+def _plain_path(name: str, value: str, example: str) -> str:
+    path = "/" + value.strip().lstrip("/")
+    if "?" in path or "#" in path or _dot_segment(path):
+        # A query may carry secrets and URLs land in reasons and logs; a dot segment is
+        # removed on the way, so the request would reach another path than the one named.
+        raise ValueError(f"{name} must be a plain path without a query, a fragment or "
+                         f"'.'/'..' segments, e.g. {example!r}")
+    return path
 
 
 class HttpConnectorConfig(BaseModel):
@@ -91,30 +108,30 @@ class HttpConnectorConfig(BaseModel):
                              "which are kept out of reprs and error messages")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"{value!r} is not an absolute http(s) URL")
-        if parts.query or parts.fragment:
+        if "?" in value or "#" in value:
+            # Even empty ("https://api.example.com?"): the paths appended after it would
+            # become the query or the fragment, and every request would go to the root.
             raise ValueError(f"{value!r} must not carry a query or a fragment")
+        if _dot_segment(parts.path):
+            raise ValueError(f"{value!r} must not have '.' or '..' path segments: they are "
+                             "removed on the way, so requests would go elsewhere")
         return value.rstrip("/")
 
     @field_validator("create_path")
     @classmethod
     def _check_create_path(cls, value: str) -> str:
-        path = "/" + value.strip().lstrip("/")
-        if path == "/" or "{" in path or "?" in path or "#" in path:
+        path = _plain_path("create_path", value, "/charges")
+        if path == "/" or "{" in path:
             raise ValueError(f"{value!r} must be a plain path such as '/charges'")
         return path
 
     @field_validator("lookup_path_template")
     @classmethod
     def _check_lookup(cls, value: str) -> str:
-        path = "/" + value.strip().lstrip("/")
+        path = _plain_path("lookup_path_template", value, "/charges/{key}")
         if path.count("{key}") != 1 or path.replace("{key}", "").count("{"):
             raise ValueError(f"{value!r} must contain '{{key}}' exactly once and no other "
                              "placeholder, e.g. '/charges/{key}'")
-        if "?" in path or "#" in path:
-            # Like base_url: a query may carry secrets, and lookup URLs land in Unknown
-            # reasons and logs; pass credentials in headers= instead.
-            raise ValueError("lookup_path_template must be a plain path without a query or "
-                             "a fragment, e.g. '/charges/{key}'")
         return path
 
     @field_validator("idempotency_header")
@@ -158,7 +175,15 @@ class HttpConnectorConfig(BaseModel):
         return self.base_url + self.create_path
 
     def lookup_url(self, key: str) -> str:
-        return self.base_url + self.lookup_path_template.replace("{key}", quote(key, safe=""))
+        return self.base_url + self._lookup_path(key)
+
+    def _lookup_path(self, key: str) -> str:
+        return self.lookup_path_template.replace("{key}", quote(key, safe=""))
+
+    def usable_key(self, key: str) -> bool:
+        """Whether ``key`` can be sent (a valid header value) and looked up: its lookup path
+        must keep it, which a key such as ``..`` does not (``/charges/..`` is ``/``)."""
+        return valid_key(key) and not _dot_segment(self._lookup_path(key))
 
     def secrets(self) -> tuple[str, ...]:
         """Texts to redact from anything quoted back from a server: the static header

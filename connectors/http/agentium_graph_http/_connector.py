@@ -182,9 +182,11 @@ class HttpActionConnector:
             # Lookups never raise: a ref of the wrong type cannot have been sent either.
             return Unknown(reason=f"result_ref must be a string (the action id), not "
                            f"{type(result_ref).__name__}, so this connector never sent it")
-        if not valid_key(result_ref):
-            return Unknown(reason=f"result_ref {result_ref[:80]!r} is not a valid "
-                           "idempotency key, so this connector never sent it")
+        if not self.config.usable_key(result_ref):
+            # Its lookup could not name it (e.g. "..": /charges/.. is /), and a 404 from
+            # anywhere else is no proof of absence.
+            return Unknown(reason=f"result_ref {result_ref[:80]!r} is not an idempotency "
+                           "key this connector can send and look up, so it never sent it")
         url = self.config.lookup_url(result_ref)
         result: ActionOutcome | Absent | Unknown = Unknown()
         for attempt in range(1, self.config.lookup_attempts + 1):
@@ -231,6 +233,11 @@ class HttpActionConnector:
             raise HttpConnectorError(
                 f"action id {request.action_id[:80]!r} cannot be an Idempotency-Key (1-255 "
                 "visible ASCII characters); nothing was sent")
+        if not cfg.usable_key(request.action_id):
+            raise HttpConnectorError(
+                f"action id {request.action_id!r} cannot be looked up: in "
+                f"{cfg.lookup_path_template!r} it makes a '.' or '..' path segment, which is "
+                "removed on the way, so the lookup would ask another path; nothing was sent")
         return cfg.create_url()
 
     def _client(self) -> httpx.AsyncClient:
