@@ -56,22 +56,28 @@ class IntConfigModel(ConfigModel):
         return int_only(value)
 
 
+# The largest limit a program takes: a task pins its limits as JSON, and canonical JSON
+# refuses integers of thousands of digits, so a larger one would fail every create (and a
+# GraphBinding's descriptor) instead of here. int64, which every store holds as a number.
+MAX_LIMIT = 2**63 - 1
+
+
 class PlanLimits(IntConfigModel):
     """Bounds on one plan; the host sets them, a planner's proposals never change them."""
 
-    max_bytes: int = Field(default=128_000, ge=64)
-    max_nodes: int = Field(default=100, ge=1)
-    max_depth: int = Field(default=32, ge=1)
-    max_concurrency: int = Field(default=5, ge=1)
+    max_bytes: int = Field(default=128_000, ge=64, le=MAX_LIMIT)
+    max_nodes: int = Field(default=100, ge=1, le=MAX_LIMIT)
+    max_depth: int = Field(default=32, ge=1, le=MAX_LIMIT)
+    max_concurrency: int = Field(default=5, ge=1, le=MAX_LIMIT)
 
 
 class StreamLimits(IntConfigModel):
     """Bounds on a streaming planner's output (``PlannerConfig(mode="stream", stream=...)``)."""
 
-    max_frame_bytes: int = Field(default=64_000, ge=64)
-    max_total_bytes: int = Field(default=512_000, ge=64)
-    max_frames: int = Field(default=64, ge=1)
-    max_latency_ms: int = Field(default=30_000, ge=1)
+    max_frame_bytes: int = Field(default=64_000, ge=64, le=MAX_LIMIT)
+    max_total_bytes: int = Field(default=512_000, ge=64, le=MAX_LIMIT)
+    max_frames: int = Field(default=64, ge=1, le=MAX_LIMIT)
+    max_latency_ms: int = Field(default=30_000, ge=1, le=MAX_LIMIT)
 
 
 class PlannerConfig(BaseModel):
@@ -82,7 +88,7 @@ class PlannerConfig(BaseModel):
     provider: Any
     host_instructions: str
     max_corrections: int = Field(default=2, ge=0, le=16)
-    max_output_tokens: int = Field(default=4_000, ge=1)
+    max_output_tokens: int = Field(default=4_000, ge=1, le=MAX_LIMIT)
     mode: Literal["complete", "stream"] = "complete"
     stream: StreamLimits = StreamLimits()
 

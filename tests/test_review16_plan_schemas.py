@@ -19,7 +19,7 @@ from agentium_graph import (
     PlanValidationError,
     ToolBinding,
 )
-from agentium_graph.plan import validate_plan
+from agentium_graph.plan import StreamLimits, validate_plan
 from tests.test_literal_and_schema_refs import D3, D4, D7
 
 PLAN: dict[str, Any] = {"schemaVersion": 1, "revision": 1, "nodes": []}
@@ -163,3 +163,17 @@ def test_a_version_with_a_non_ascii_digit_does_not_crash_lookups() -> None:
     with pytest.raises(PlanValidationError) as caught:
         validate_plan(plan, catalog, limits=PlanLimits())
     assert [d.code for d in caught.value.diagnostics] == ["unknown_version"]
+
+
+@pytest.mark.parametrize("cls, field", [
+    (PlanLimits, "max_bytes"), (PlanLimits, "max_nodes"), (PlanLimits, "max_depth"),
+    (PlanLimits, "max_concurrency"), (StreamLimits, "max_frame_bytes"),
+    (StreamLimits, "max_total_bytes"), (StreamLimits, "max_frames"),
+    (StreamLimits, "max_latency_ms")])
+def test_a_limit_too_large_to_pin_is_refused_at_once(cls: type[Any], field: str) -> None:
+    """PlanLimits(max_bytes=10**5000) was accepted; every later use that pins it (create,
+    a GraphBinding's descriptor) then raised NotJSONError (a bare ValueError) instead."""
+    assert getattr(cls(**{field: 2**63 - 1}), field) == 2**63 - 1
+    for huge in (2**63, 10**5000):
+        with pytest.raises(ConfigurationError, match=field):
+            cls(**{field: huge})
