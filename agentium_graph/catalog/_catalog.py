@@ -127,6 +127,9 @@ class HostCatalog:
 
     def reference_schema(self, binding: Binding) -> dict[str, Any]:
         """The schema ``$ref`` paths into ``binding``'s output are checked against."""
+        # A graph's is built from its program, which the preflight validates in id order:
+        # make sure it is, or a program sorted first would see only the declared schema.
+        self.program_depth(binding)
         return self._output_schemas.get((binding.id, binding.version), binding.output_schema)
 
     @property
