@@ -8,7 +8,9 @@ Accepted forms::
     mongodb+srv://host[/database][?options]
 
 Everything after ``sqlite:///`` is taken literally as the filesystem path (``~`` is
-expanded). Store packages are imported lazily, so the core never imports a driver.
+expanded; nothing is percent-decoded), except that a ``?`` is refused: SQLite URIs take no
+``?options`` here, and a query string must not silently become part of a file name.
+Store packages are imported lazily, so the core never imports a driver.
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ def redact(uri: str) -> str:
     ``user:password@`` part is changed: ``user@`` and an empty ``@`` have no password."""
     head, sep, tail = uri.partition("://")
     userinfo, at, host = tail.rpartition("@")
-    if not sep or not at or ":" not in userinfo:
+    # sqlite:///path has no user part: a file name may hold ':' and '@' ("host:1@run.db").
+    if not sep or not at or ":" not in userinfo or uri[:len(_SQLITE_PREFIX)].lower() == \
+            _SQLITE_PREFIX:
         return uri
     user = userinfo.split(":", 1)[0]
     return f"{head}://{user}:***@{host}"
@@ -89,6 +93,11 @@ def parse_store_uri(uri: str, *, database: str | None = None) -> StoreURI:
         if raw.endswith(("/", os.sep)):
             raise _bad(uri, f"{raw!r} names a directory; add the database file's name "
                             f"(e.g. {raw.rstrip('/' + os.sep)}/tasks.db)")
+        if "?" in raw:
+            # SQLAlchemy-style ?options would silently become part of the file name.
+            bare, _, options = uri.partition("?")
+            raise _bad(uri, f"a sqlite URI takes no options ('?{options}'): write {bare!r} "
+                            "(a file whose name holds '?' needs renaming)")
         if raw == ":memory:":
             raise _bad(uri, "an in-memory database is not durable; name a file")
         if "\0" in raw:
@@ -103,7 +112,10 @@ def parse_store_uri(uri: str, *, database: str | None = None) -> StoreURI:
                             "directory; write the path out in full") from None
         return StoreURI(scheme="sqlite", uri=uri, path=path)
     if scheme in _MONGO_SCHEMES:
-        parts = urlsplit(uri)
+        try:
+            parts = urlsplit(uri)
+        except ValueError as exc:  # an unbalanced '[' or ']' of an IPv6 host, say
+            raise _bad(uri, f"its host is not valid ({exc})") from None
         if not rest.startswith("//") or not parts.netloc or parts.netloc.endswith("@"):
             raise _bad(uri, "a mongodb URI needs a host after '//'")
         if not _is_utf8(uri):
