@@ -6,6 +6,7 @@ import re
 from typing import Any, Literal
 from urllib.parse import quote, unquote, urlsplit
 
+import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentium_graph.errors import bool_only, int_only, number_only
@@ -17,6 +18,20 @@ _KEY = re.compile(r"[\x21-\x7e]{1,255}")
 _FIELD_VALUE = re.compile(r"(?:[\x21-\x7e](?:[\x20\x21-\x7e\t]*[\x21-\x7e])?)?")
 DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 _DOT_SEGMENTS = frozenset({".", ".."})
+# Fields that frame the message or bind one connection (hop-by-hop): the client sets them,
+# and a static one would frame a request twice or let a proxy strip a header it names.
+_FRAMING = frozenset({"content-length", "transfer-encoding", "content-encoding",
+                      "connection", "keep-alive", "proxy-connection", "te", "trailer",
+                      "upgrade"})
+# Fields the connector (or the client) sets on every request: a key put in one of them is
+# overwritten or changes what the request means.
+_SET_PER_REQUEST = frozenset({"content-type", "accept", "accept-encoding", "host",
+                              "user-agent"})
+
+
+def _unsendable(text: str) -> bool:
+    """Whether ``text`` has whitespace or a control character, which no URL may carry."""
+    return any(ch.isspace() or ch < "\x21" or ch == "\x7f" for ch in text)
 
 
 def _dot_segment(path: str) -> bool:
@@ -27,6 +42,9 @@ def _dot_segment(path: str) -> bool:
 
 def _plain_path(name: str, value: str, example: str) -> str:
     path = "/" + value.strip().lstrip("/")
+    if _unsendable(path):
+        raise ValueError(f"{value!r} must not contain spaces or control characters "
+                         "(percent-encode them)")
     if "?" in path or "#" in path or _dot_segment(path):
         # A query may carry secrets and URLs land in reasons and logs; a dot segment is
         # removed on the way, so the request would reach another path than the one named.
@@ -102,6 +120,9 @@ class HttpConnectorConfig(BaseModel):
     @field_validator("base_url")
     @classmethod
     def _check_base_url(cls, value: str) -> str:
+        if _unsendable(value):
+            # urlsplit drops tabs and newlines silently: check the text as given.
+            raise ValueError(f"{value!r} must not contain spaces or control characters")
         parts = urlsplit(value)
         if "@" in parts.netloc:
             raise ValueError("base_url must not carry credentials; pass them in headers=, "
@@ -115,6 +136,11 @@ class HttpConnectorConfig(BaseModel):
         if _dot_segment(parts.path):
             raise ValueError(f"{value!r} must not have '.' or '..' path segments: they are "
                              "removed on the way, so requests would go elsewhere")
+        try:
+            _ = parts.port  # raises for a port out of range or that is not a number
+            httpx.URL(value)
+        except (ValueError, httpx.InvalidURL) as exc:
+            raise ValueError(f"{value!r} is not a URL httpx can send to: {exc}") from None
         return value.rstrip("/")
 
     @field_validator("create_path")
@@ -139,6 +165,11 @@ class HttpConnectorConfig(BaseModel):
     def _check_header_name(cls, value: str) -> str:
         if not _TOKEN.fullmatch(value):
             raise ValueError(f"{value!r} is not a valid header name")
+        if value.lower() in _FRAMING | _SET_PER_REQUEST:
+            # The key would be overwritten by the connector's own value (sent with no key
+            # at all), or change how the request is framed or routed.
+            raise ValueError(f"{value!r} is a header the connector or HTTP sets itself; "
+                             "name a header of its own, e.g. 'Idempotency-Key'")
         return value
 
     @field_validator("headers")
@@ -156,11 +187,12 @@ class HttpConnectorConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_reserved(self) -> HttpConnectorConfig:
-        reserved = {self.idempotency_header.lower(), "content-type", "content-length"}
+        reserved = {self.idempotency_header.lower(), "content-type", *_FRAMING}
         clash = sorted(n for n in self.headers if n.lower() in reserved)
         if clash:
             raise ValueError(f"headers must not set {', '.join(clash)}: the connector sets "
-                             "them per request")
+                             "the key, the content type and the message framing per request, "
+                             "and hop-by-hop fields could let a proxy strip the key")
         return self
 
     @property
