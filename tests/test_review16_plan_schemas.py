@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from agentium_graph import (
+    ActionOutcome,
     ConfigurationError,
     ExecutionGraphProgram,
     HostCatalog,
@@ -177,3 +178,22 @@ def test_a_limit_too_large_to_pin_is_refused_at_once(cls: type[Any], field: str)
     for huge in (2**63, 10**5000):
         with pytest.raises(ConfigurationError, match=field):
             cls(**{field: huge})
+
+
+async def test_resolving_an_action_with_a_deep_output_is_refused_not_a_crash() -> None:
+    """resolve_action checks the attested output against the pinned output schema with
+    jsonschema directly: a deep output (plain JSON) against a recursive schema raised a
+    bare RecursionError instead of the ConfigurationError an invalid output gets."""
+    from tests.test_resolve_fixes import LostReplies, runtime, stuck
+
+    pay = ToolBinding(id="pay", version="1", connector=LostReplies(), destination="payments",
+                      input_schema={"type": "object"}, output_schema=RECURSIVE["json_value"])
+    rt = runtime(HostCatalog([pay]))
+    [aid] = await stuck(rt, [{"id": "charge", "binding": "pay", "version": "1",
+                              "args": {"amount": 5}}])
+    deep = ActionOutcome(output=_nested("x", 190), result_ref=aid)
+    with pytest.raises(ConfigurationError, match="too deeply"):
+        await rt.resolve_action("k", aid, deep, actor="op")
+    shallow = ActionOutcome(output={"charge_id": "ch1"}, result_ref=aid)
+    view = await rt.resolve_action("k", aid, shallow, actor="op")
+    assert view.nodes["charge"].state == "completed"

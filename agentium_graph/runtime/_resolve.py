@@ -251,7 +251,14 @@ def _checked_output(key: str, action: ActionRecord, outcome: ActionOutcome,
         if pinned is not None:
             schema = pinned["output_schema"]
             cls = validator_for(schema, default=Draft202012Validator)  # the pinned draft
-            errors = list(cls(schema, registry=local_registry()).iter_errors(outcome.output))
+            try:
+                errors = list(cls(schema, registry=local_registry()).iter_errors(
+                    outcome.output))
+            except RecursionError:  # a recursive schema checks each level in several frames
+                raise ConfigurationError(
+                    f"task {key!r}: resolution output nests too deeply to be checked against "
+                    f"the output schema of {origin.get('binding')!r}; attest a flatter "
+                    "output") from None
             if errors:
                 raise ConfigurationError(
                     f"task {key!r}: resolution output violates the output schema of "
