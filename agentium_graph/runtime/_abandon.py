@@ -1,18 +1,20 @@
-"""Provider calls the runtime can stop waiting for.
+"""Provider and connector calls the runtime can stop waiting for.
 
-The provider contract says a canceled call stops promptly. A provider that breaks it -- one
-that catches ``CancelledError`` and keeps awaiting, or keeps streaming -- must not hold a
+The provider and connector contracts say a canceled call stops promptly. One that breaks it
+-- that catches ``CancelledError`` and keeps awaiting, or keeps streaming -- must not hold a
 run open: a task cancel, a lost lease, a deadline or a time limit would then never end
-``run()``. So a provider's work runs in a task of its own. To stop it, the runtime cancels
-that task and waits at most :data:`GRACE` seconds for it to end; a task still running then
-is abandoned: a warning naming the provider is logged, nothing awaits it any more and
-nothing it returns or sends later is used. The caller then ends exactly as it would have
-had the provider honored the cancel.
+``run()``. So such a call runs in a task of its own. To stop it, the runtime cancels that
+task and waits at most :data:`GRACE` seconds for it to end; a task still running then is
+abandoned: a warning naming the call (its task, node and provider or connector) is logged,
+nothing awaits it any more and nothing it returns or sends later is used. The caller then
+ends exactly as it would have had the call honored the cancel.
 
-:func:`call` runs one awaitable this way (a ``complete()`` or a whole assembled stream);
-:class:`OwnedStream` reads a stream event by event, every step of it (each ``__anext__``
-and the final ``aclose()``) in one task, since a provider may hold task-bound state across
-its yields (a timeout or cancel scope).
+:func:`call` runs one awaitable this way (a ``complete()`` or a whole assembled stream) and
+:func:`within` is the same for a caller that must tell a timeout from any result (a
+connector's dispatch or lookup); :class:`OwnedStream` reads a stream event by event, every
+step of it (each ``__anext__`` and the final ``aclose()``) in one task, since a provider may
+hold task-bound state across its yields (a timeout or cancel scope). :func:`stop_all` ends
+what a run leaves behind, and :func:`overdue` is how long a stop waits for a node's task.
 """
 
 from __future__ import annotations
@@ -36,61 +38,86 @@ log = logging.getLogger("agentium_graph.runtime")
 
 _END: Any = object()  # what OwnedStream's task reports for the stream's end
 
+PROVIDER = "a ModelProvider"  # whose contract a call breaks when it swallows a cancel
+CONNECTOR = "a DurableActionConnector"
+
+
+def named(kind: str, thing: Any) -> str:
+    """How a log line names a provider or a connector: its id, its version and its class."""
+    return (f"{kind} {getattr(thing, 'id', '?')!r} version "
+            f"{getattr(thing, 'version', '?')!r} ({type(thing).__name__})")
+
 
 def provider_name(provider: Any) -> str:
-    """How a log line names a provider: its id, its version and its class."""
-    return (f"provider {getattr(provider, 'id', '?')!r} version "
-            f"{getattr(provider, 'version', '?')!r} ({type(provider).__name__})")
+    return named("provider", provider)
 
 
-async def call(work: Coroutine[Any, Any, T], within: float | None, who: str, *,
-               name: str) -> T | None:
-    """Await ``work`` in a task of its own, for at most ``within`` seconds.
+async def call(work: Coroutine[Any, Any, T], limit: float | None, who: str, *,
+               name: str, started: Callable[[asyncio.Task[Any]], None] | None = None
+               ) -> T | None:
+    """Await ``work`` (a provider call) in a task of its own, for at most ``limit`` seconds.
 
     Returns its result (its exception is raised), or None when the time passed: the task
     was then stopped (:func:`stop`). When the caller is canceled, the task is stopped and
-    the cancellation goes on. ``who`` names the call and its provider in the log."""
+    the cancellation goes on. ``who`` names the call and its provider in the log;
+    ``started`` is given the task first (whatever must last as long as the call does)."""
+    task = await within(work, limit, who, name=name, started=started)
+    return None if task is None else task.result()
+
+
+async def within(work: Coroutine[Any, Any, T], limit: float | None, who: str, *, name: str,
+                 party: str = PROVIDER,
+                 started: Callable[[asyncio.Task[Any]], None] | None = None
+                 ) -> asyncio.Task[T] | None:
+    """:func:`call`, returning the task that ran ``work`` once it ended (its result or its
+    exception), or None when the time passed. ``party`` names the contract the code
+    breaks if it swallows the cancel."""
     task = asyncio.create_task(work, name=name)
-    if not await wait_or_stop(task, task, within, who):
+    if started is not None:
+        started(task)
+    if not await wait_or_stop(task, task, limit, who, party=party):
         return None
-    return task.result()
+    return task
 
 
 async def wait_or_stop(waited: asyncio.Future[Any], task: asyncio.Task[Any],
-                       within: float | None, who: str,
-                       stopping: Callable[[], None] | None = None) -> bool:
-    """Wait at most ``within`` seconds for ``waited`` (which ``task`` resolves): True when
+                       limit: float | None, who: str,
+                       stopping: Callable[[], None] | None = None, *,
+                       party: str = PROVIDER) -> bool:
+    """Wait at most ``limit`` seconds for ``waited`` (which ``task`` resolves): True when
     it is done (or ``task`` ended without resolving it), False when the time passed. On a
     timeout, or when the caller is canceled (the cancellation then goes on), ``stopping``
     is called and ``task`` is stopped (:func:`stop`)."""
     try:
-        done, _ = await asyncio.wait({waited, task}, timeout=within,
+        done, _ = await asyncio.wait({waited, task}, timeout=limit,
                                      return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
         if stopping is not None:
             stopping()
-        await stop(task, who, "the call was canceled")
+        await stop(task, who, "the call was canceled", party=party)
         raise
     if done:
         return True
     if stopping is not None:
         stopping()
-    await stop(task, who, f"the call took longer than {within:g} s")
+    await stop(task, who, f"the call took longer than {limit:g} s", party=party)
     return False
 
 
-async def stop(task: asyncio.Task[Any], who: str, why: str) -> None:
-    """Cancel ``task`` and wait at most :data:`GRACE` seconds for it to end; if it does not,
-    abandon it (a warning naming ``who``).
+async def stop(task: asyncio.Task[Any], who: str, why: str, *, party: str = PROVIDER,
+               grace: float | None = None) -> None:
+    """Cancel ``task`` and wait at most ``grace`` (:data:`GRACE`) seconds for it to end; if
+    it does not, abandon it (a warning naming ``who`` and the contract of ``party``).
 
     A further cancellation of the caller meanwhile is held until the grace is over and then
     raised: a second cancel (a run abandoning the work it stopped a moment ago) must not
     cut short the time a well-behaved provider gets to end."""
-    left, held = await _cancel_within_grace([task], GRACE)
+    grace = GRACE if grace is None else grace
+    left, held = await _cancel_within_grace([task], grace)
     if left:
         log.warning("%s did not end within %g s of being canceled (%s): it swallows "
-                    "cancellation, which a ModelProvider must not do; the call is abandoned "
-                    "and anything it returns or sends later is ignored", who, GRACE, why)
+                    "cancellation, which %s must not do; the call is abandoned and anything "
+                    "it returns or sends later is ignored", who, grace, why, party)
     if held is not None:
         raise held
 

@@ -510,6 +510,9 @@ async def _tool_call(run: TaskRun, spec: NodeSpec, tools: dict[str, ToolBinding]
         sub = NodeSpec(id=spec.id, local=spec.local, scope=spec.scope, binding=tool,
                        args=call.arguments, refs=(), deps=())
         return await _unpreempted(run, _effect_tool(run, spec, sub, call, key),
+                                  f"the call {key} of tool {tool.id!r} by agent node "
+                                  f"{spec.id!r} of task {run.key!r} through "
+                                  f"{_abandon.named('connector', tool.connector)}",
                                   name=f"effect:{run.key}:{spec.id}:{key}")
     return await _journal(run, spec, tool, call, key,
                           await _pure_call(run, spec, tool, call, key))
@@ -523,13 +526,17 @@ async def _effect_tool(run: TaskRun, spec: NodeSpec, sub: NodeSpec, call: ToolCa
                           await _effect_call(run, spec, sub, call, key))
 
 
-async def _unpreempted(run: TaskRun, work: Coroutine[Any, Any, Any], *, name: str) -> Any:
+async def _unpreempted(run: TaskRun, work: Coroutine[Any, Any, Any], who: str, *,
+                       name: str) -> Any:
     """Await ``work`` (an effect call and its journaling) in a task of its own that a stop
     of the run does not cancel: accepted remote work must still get its receipt (or its
     failed dispatch a reconciliation). When the agent was canceled meanwhile, the
     cancellation goes on once ``work`` ended, unless ``work`` ended the node itself
     (uncertain, failed). A second cancellation, or one while the run is not stopping
-    (it abandons its work), cancels ``work`` as an effect node's would be."""
+    (it abandons its work), cancels ``work`` as an effect node's would be, and waits for
+    it at most twice :data:`_abandon.GRACE` (the dispatch or lookup in it gets one grace
+    itself): ``work`` still running then is abandoned (a warning naming ``who``), and the
+    action stays ``dispatching`` for the next run to reconcile."""
     inner = asyncio.create_task(work, name=name)
     stopping: asyncio.CancelledError | None = None
     while not inner.done():
@@ -537,10 +544,8 @@ async def _unpreempted(run: TaskRun, work: Coroutine[Any, Any, Any], *, name: st
             await asyncio.wait({inner})
         except asyncio.CancelledError as exc:
             if stopping is not None or not _effects_settle(run):
-                inner.cancel()
-                await asyncio.wait({inner})
-                if not inner.cancelled():
-                    inner.exception()  # retrieved: the run is abandoning this work anyway
+                await _abandon.stop(inner, who, "the run abandons its work",
+                                    party=_abandon.CONNECTOR, grace=2 * _abandon.GRACE)
                 raise
             stopping = exc
     if stopping is None or inner.cancelled() or inner.exception() is not None:

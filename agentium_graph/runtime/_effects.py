@@ -16,6 +16,10 @@ dispatch again:
 A dispatch that fails (raises, times out, or returns something else) is reconciled the same
 way at once. A ``CancelledError`` the connector's own code raises is such a failure too;
 only a cancellation of the running task itself (the run abandoning its work) propagates.
+A dispatch or lookup runs in a task of its own (:func:`_abandon.within`): one that swallows
+the cancellation of its time limit (or of the run abandoning it) is abandoned after
+:data:`_abandon.GRACE` seconds with a warning, and counts as timed out; nothing it returns
+later is used.
 Lookups hold no root permit: the caller's permit is given up before one and taken again,
 FIFO, only before a dispatch that follows it.
 """
@@ -26,6 +30,7 @@ import asyncio
 import json
 import logging
 import random
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from agentium_graph._canonical import admission_id, derive_id, digest
@@ -33,6 +38,7 @@ from agentium_graph._otel import span
 from agentium_graph.catalog._bindings import ToolBinding
 from agentium_graph.connectors import Absent, ActionOutcome, ActionRequest, Unknown
 from agentium_graph.errors import BudgetExhaustedError, ErrorInfo, NodeFailedError
+from agentium_graph.runtime import _abandon
 from agentium_graph.runtime._admission import Ticket
 from agentium_graph.runtime._blobs import read_verified
 from agentium_graph.runtime._graph import NodeSpec
@@ -180,7 +186,9 @@ async def _dispatch(run: TaskRun, node: NodeSpec, connector: Any, request: Actio
                                                     "agentium.action.id": action.action_id}):
         failure: BaseException | None = None
         try:
-            result = await asyncio.wait_for(connector.dispatch(request), run.rt.effect_timeout)
+            result = await _bounded(connector.dispatch(request), run.rt.effect_timeout,
+                                    _who(run, connector, action, "dispatch"),
+                                    f"dispatch:{run.key}:{action.action_id}")
         except asyncio.CancelledError as exc:
             if runtime_cancelled():
                 raise  # the run abandons its work: the next run reconciles it
@@ -255,8 +263,10 @@ async def reconcile(run: TaskRun, connector: Any,
         with span("agentium_graph.connector.resolve", {"agentium.task.key": run.key,
                                                        "agentium.action.id": action.action_id}):
             try:
-                verdict = await asyncio.wait_for(connector.resolve_result(action.result_ref),
-                                                 run.rt.lookup_timeout)
+                verdict = await _bounded(connector.resolve_result(action.result_ref),
+                                         run.rt.lookup_timeout,
+                                         _who(run, connector, action, "lookup"),
+                                         f"lookup:{run.key}:{action.action_id}")
             except asyncio.CancelledError:
                 if runtime_cancelled():
                     raise
@@ -278,6 +288,23 @@ async def reconcile(run: TaskRun, connector: Any,
             # Full jitter, exponential: spreads lookups of many recovering workers.
             await asyncio.sleep(random.uniform(0, min(1.0, 0.05 * 2 ** attempt)))
     return last
+
+
+async def _bounded(work: Coroutine[Any, Any, Any], limit: float, who: str,
+                   name: str) -> Any:
+    """Await a connector's ``work`` for at most ``limit`` seconds (``TimeoutError`` then),
+    as :func:`asyncio.wait_for` would, except that a connector that swallows the
+    cancellation (of the limit, or of the run abandoning its work) is abandoned after
+    :data:`_abandon.GRACE` seconds (logged) instead of holding the run."""
+    task = await _abandon.within(work, limit, who, name=name, party=_abandon.CONNECTOR)
+    if task is None:
+        raise TimeoutError(f"no answer within {limit:g} s")
+    return task.result()
+
+
+def _who(run: TaskRun, connector: Any, action: ActionRecord, what: str) -> str:
+    return (f"the {what} of action {action.action_id} of node {action.node_id!r} of task "
+            f"{run.key!r} through {_abandon.named('connector', connector)}")
 
 
 async def _reuse_receipt(run: TaskRun, node: NodeSpec, action: ActionRecord) -> Outcome:
