@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from jsonschema.protocols import Validator
 from pydantic import (
@@ -19,6 +19,8 @@ from agentium_graph._canonical import NotJSONError, digest, json_copy
 from agentium_graph._schemarefs import checked_validator
 from agentium_graph.errors import ConfigurationError, config_error, int_only, positional
 from agentium_graph.providers._protocol import shape_problem
+
+_Text = TypeVar("_Text", bound=str | tuple[str, ...])
 
 
 class ConfigModel(BaseModel):
@@ -44,6 +46,21 @@ def keywords_only(cls: type[BaseModel], given: int) -> str:
     fields = ", ".join(f"{f}=..." for f in cls.model_fields) or ""
     return (f"{name} takes keyword arguments only ({name}({fields})), got {given} "
             "positional argument(s); name each value")
+
+
+def storable_text(value: _Text) -> _Text:
+    """For a ``mode="after"`` validator of public text (or a tuple of texts) that a task
+    pins: a lone surrogate has no UTF-8 form, so no store could hold it, and it would fail
+    as a bare NotJSONError when digested (at HostCatalog or create) instead of here."""
+    texts: tuple[str, ...] = (value,) if isinstance(value, str) else value
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"{text!r} holds an unpaired surrogate at position {exc.start}, "
+                             "which is not valid Unicode (often bytes that are not UTF-8); "
+                             "pass UTF-8 text") from None
+    return value
 
 
 class IntConfigModel(ConfigModel):
@@ -106,6 +123,11 @@ class PlannerConfig(BaseModel):
     @classmethod
     def _ints_only(cls, value: Any) -> Any:
         return int_only(value)
+
+    @field_validator("host_instructions")
+    @classmethod
+    def _storable(cls, value: str) -> str:
+        return storable_text(value)
 
     @model_validator(mode="after")
     def _provider_shape(self) -> PlannerConfig:

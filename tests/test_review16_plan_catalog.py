@@ -9,10 +9,12 @@ from typing import Any
 import pytest
 
 from agentium_graph import (
+    Agent,
     ConfigurationError,
     ExecutionGraphProgram,
     GraphBinding,
     HostCatalog,
+    PlannerConfig,
     ToolBinding,
 )
 from tests.conftest import INT_OUT
@@ -46,3 +48,32 @@ def test_a_nested_ref_path_into_a_sub_graph_is_checked_whatever_the_ids(outer_id
         HostCatalog([_tool(), INNER, outer])
     assert outer_id in str(caught.value)
     assert "'nope'" in str(caught.value)
+
+
+def _provider() -> Any:
+    from agentium_graph.providers import ScriptedProvider, ScriptedTurn
+
+    return ScriptedProvider([ScriptedTurn(text="hi")])
+
+
+BAD = "a\ud800b"  # a lone surrogate: no UTF-8 form, so no store can hold it
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ToolBinding(id="t", version="1", recovery="pure", execute=print,
+                        description=BAD),
+    lambda: ToolBinding(id="t", version="1", recovery="pure", execute=print,
+                        reference_inputs=(BAD,)),
+    lambda: ToolBinding(id="t", version="1", recovery="pure", execute=print,
+                        reference_outputs=("", BAD)),
+    lambda: Agent(provider=_provider(), instructions=BAD),
+    lambda: Agent(provider=_provider(), instructions="x", name=BAD),
+    lambda: PlannerConfig(provider=_provider(), host_instructions=BAD),
+], ids=["description", "reference_inputs", "reference_outputs", "agent_instructions",
+        "agent_name", "host_instructions"])
+def test_text_no_store_can_hold_is_refused_at_construction(make: Any) -> None:
+    """These texts are pinned with a task (descriptors, the planner's offered catalog and
+    settings): a lone surrogate was accepted, then HostCatalog or create raised a bare
+    NotJSONError (a ValueError) when it was digested."""
+    with pytest.raises(ConfigurationError, match="surrogate"):
+        make()

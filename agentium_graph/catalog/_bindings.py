@@ -22,7 +22,7 @@ from pydantic import (
 
 from agentium_graph._canonical import NotJSONError, check_json, json_copy
 from agentium_graph._fastschema import Predicate, compile_fast
-from agentium_graph._program import ExecutionGraphProgram
+from agentium_graph._program import ExecutionGraphProgram, storable_text
 from agentium_graph._schemarefs import checked_validator
 from agentium_graph.errors import (
     ConfigurationError,
@@ -145,6 +145,11 @@ class _BindingBase(BaseModel):
                     with contextlib.suppress(RecursionError):
                         data[name] = copy.deepcopy(dict(data[name]))
         return data
+
+    @field_validator("description", "reference_inputs", "reference_outputs")
+    @classmethod
+    def _storable(cls, value: str | tuple[str, ...]) -> str | tuple[str, ...]:
+        return storable_text(value)
 
     @field_validator("validate_template")
     @classmethod
@@ -336,6 +341,11 @@ class Agent(BaseModel):
     @classmethod
     def _bools_only(cls, value: Any) -> Any:
         return bool_only(value)  # not 1, 0 or "false" (pydantic's lax mode takes those)
+
+    @field_validator("instructions", "name")
+    @classmethod
+    def _storable(cls, value: str) -> str:
+        return storable_text(value)
 
     @model_validator(mode="after")
     def _reject_opaque(self) -> Agent:
