@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ from click.testing import CliRunner
 
 from agentium_graph import ExecutionGraphRuntime
 from agentium_graph._store_uri import open_store_uri, parse_store_uri, redact
-from agentium_graph.cli import EXIT_USAGE, cli
+from agentium_graph.cli import EXIT_STORE, EXIT_USAGE, cli
 from agentium_graph.errors import ConfigurationError
 from tests.conftest import Calls, chain_plan, make_catalog, program
 
@@ -68,3 +70,26 @@ async def _create(path: Path, count: int) -> None:
         rt = ExecutionGraphRuntime(catalog=make_catalog(Calls()), store=store)
         for index in range(count):
             await rt.create(f"k{index}", program(chain_plan(1)))
+
+
+def test_list_goes_on_past_a_header_that_is_not_utf8(tmp_path: Path) -> None:
+    # sqlite3 failed the whole fetch on it ("Could not decode to UTF-8 column 'header' with
+    # text '<garbage>'"), naming no task: `list` printed that and listed nothing.
+    path = tmp_path / "tasks.db"
+    asyncio.run(_create(path, 3))
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("UPDATE tasks SET header = CAST(? AS TEXT) WHERE key = 'k1'",
+                     (b'{"key": "\xff\xfe',))
+    conn.close()
+    result = CliRunner().invoke(cli, ["--store", f"sqlite:///{path}", "list", "--json"])
+    assert result.exit_code == EXIT_STORE, result.output
+    listed = json.loads(result.stdout)
+    assert [t["key"] for t in listed["tasks"]] == ["k0", "k2"]
+    assert [d["key"] for d in listed["damaged"]] == ["k1"]
+    assert len(result.stderr.splitlines()) == 1
+    assert "\ufffd" not in result.stderr
+    inspected = CliRunner().invoke(cli, ["--store", f"sqlite:///{path}", "inspect", "k1"])
+    assert inspected.exit_code == EXIT_STORE, inspected.output
+    assert "not valid UTF-8" in inspected.stderr and "backup" in inspected.stderr
+    assert "\ufffd" not in inspected.stderr

@@ -18,6 +18,7 @@ by :func:`check_text` before it reaches sqlite3, as a ``ConfigurationError`` nam
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,6 +44,16 @@ class BusyError(StoreUnavailableError):
     """SQLITE_BUSY or SQLITE_LOCKED: another connection holds the lock; retried."""
 
     code = "store_busy"
+
+
+# What sqlite3 raises while fetching a TEXT value that is not UTF-8 (it has no error code).
+_NOT_UTF8 = re.compile(r"Could not decode to UTF-8 column '([^']*)'")
+
+
+def not_utf8_column(exc: BaseException) -> str | None:
+    """The column named by sqlite3's error for a stored text that is not UTF-8, or None."""
+    match = _NOT_UTF8.match(str(exc)) if isinstance(exc, sqlite3.OperationalError) else None
+    return None if match is None else match[1]
 
 
 def _primary_code(exc: sqlite3.Error | sqlite3.Warning) -> int | None:
@@ -73,6 +84,13 @@ def map_sqlite_error(exc: sqlite3.Error | sqlite3.Warning, path: Path, op: str) 
     code = _primary_code(exc)
     name = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
     details = {"path": str(path), "op": op, "sqlite_error": name}
+    column = not_utf8_column(exc)
+    if column is not None:  # its message quotes the damaged bytes: not shown
+        return StoreSchemaError(
+            f"SQLite store {str(path)!r}: {op} read a row whose {column!r} column holds text "
+            "that is not valid UTF-8, so the row is damaged (on disk, or by a tool that wrote "
+            "raw bytes); restore the file from a backup, or find and repair the row; other "
+            "tasks stay readable", details={**details, "column": column})
     where = f"SQLite store {str(path)!r}: {op} failed ({name}: {exc})"
     if code in (_BUSY, _LOCKED):
         return BusyError(f"{where}; another connection holds the database lock",

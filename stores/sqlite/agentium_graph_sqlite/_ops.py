@@ -65,7 +65,7 @@ from agentium_graph.store._transitions import (
     renew_lease,
     request_cancel,
 )
-from agentium_graph_sqlite._errors import BadRecord
+from agentium_graph_sqlite._errors import BadRecord, not_utf8_column
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -599,8 +599,16 @@ def list_tasks(conn: sqlite3.Connection, request: ListTasksRequest) -> list[Task
         where.append("key > ?")
         args.append(request.after)
     clause = f"WHERE {' AND '.join(where)} " if where else ""
-    rows = conn.execute(f"SELECT key, header FROM tasks {clause}ORDER BY key LIMIT ?",
-                        (*args, request.limit))
+    sql = f"SELECT key, {{}} FROM tasks {clause}ORDER BY key LIMIT ?"
+    try:
+        rows = conn.execute(sql.format("header"), (*args, request.limit)).fetchall()
+    except sqlite3.OperationalError as exc:
+        if not_utf8_column(exc) is None:
+            raise
+        # A header that is not UTF-8 (damage) fails the fetch, naming no task; read the
+        # headers as bytes so its parse names it (and `list` can go on past it).
+        rows = conn.execute(sql.format("CAST(header AS BLOB)"),
+                            (*args, request.limit)).fetchall()
     return [parse_header(header, key) for key, header in rows]
 
 
