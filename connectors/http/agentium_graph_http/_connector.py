@@ -107,6 +107,9 @@ class HttpActionConnector:
         self.version = config.version
         self.idempotent_destination = config.idempotent_destination
         self._secrets = config.secrets()
+        # Whether the Accept-Encoding sent is ours (see _send) rather than the static one.
+        self._asks_codings = not any(name.lower() == "accept-encoding"
+                                     for name in config.headers)
         self._shared = client
         self._transport = transport
         self._owned: httpx.AsyncClient | None = None
@@ -266,7 +269,7 @@ class HttpActionConnector:
         """
         client = self._client()
         sent = dict(headers)
-        if not any(name.lower() == "accept-encoding" for name in sent):
+        if self._asks_codings:
             sent["Accept-Encoding"] = ACCEPT_ENCODING
         try:
             request = client.build_request(method, url, content=body, headers=sent,
@@ -286,6 +289,14 @@ class HttpActionConnector:
     def _body(self, response: Reply, url: str, what: str) -> Any:
         if not response.is_success:
             raise status_error(response, url, what, self._secrets)
+        if response.undecoded is not None:
+            # An answer, not a failure: sent again, the server would answer alike.
+            raise HttpResponseError(
+                f"{what} {url} returned HTTP {response.status} with "
+                f"{self._undecoded(response.undecoded)}; the server accepted the request, so "
+                "check it there and record the outcome with runtime.resolve_action",
+                url=url, status=response.status, may_have_taken_effect=True,
+                body_excerpt="", details={"content_encoding": response.undecoded})
         if response.truncated:
             limit = self.config.max_response_bytes
             body = excerpt(response.text, self._secrets)
@@ -321,6 +332,9 @@ class HttpActionConnector:
         if not response.is_success:
             return Unknown(reason=f"lookup GET {url} returned HTTP {response.status}: "
                            f"{excerpt(response.text, self._secrets)!r}")
+        if response.undecoded is not None:
+            return Unknown(reason=f"lookup GET {url} returned HTTP {response.status} with "
+                           f"{self._undecoded(response.undecoded)}")
         if response.truncated:
             return Unknown(reason=f"lookup GET {url} returned HTTP {response.status} with a "
                            "body larger than max_response_bytes="
@@ -331,6 +345,12 @@ class HttpActionConnector:
         except ValueError as exc:
             return Unknown(reason=f"lookup GET {url} returned HTTP {response.status} "
                            f"with a body that is not JSON ({exc})")
+
+    def _undecoded(self, coding: str) -> str:
+        asked = ("the codings it asks for" if self._asks_codings else "but headers= sets "
+                 "its own Accept-Encoding; remove it to ask for those only")
+        return (f"a body in Content-Encoding {coding!r}, which this connector does not "
+                f"decode (it decodes {ACCEPT_ENCODING} only, {asked}), so it was not read")
 
     def _backoff(self, attempt: int, retry_after_s: object) -> float:
         cfg = self.config

@@ -120,7 +120,9 @@ class Reply:
     """A response read under the ``max_response_bytes`` bound.
 
     ``content`` holds at most that many decoded bytes; ``truncated`` says the body was
-    longer and the rest was never read.
+    longer and the rest was never read. ``undecoded`` is the ``Content-Encoding`` of a body
+    in a coding that is not decoded here (``br``, ``zstd``...): that body is not read, and
+    ``content`` is empty.
     """
 
     status: int
@@ -128,6 +130,7 @@ class Reply:
     content: bytes
     truncated: bool = False
     charset: str | None = None
+    undecoded: str | None = None
 
     @property
     def is_success(self) -> bool:
@@ -240,6 +243,12 @@ def transport_error(exc: Exception, url: str, what: str, timeout_s: float,
             + ("it was never sent" if unsent else "the connection ended before a response, "
                "so the server may have applied it"),
             url=url, may_have_taken_effect=not unsent)
+    if isinstance(exc, httpx.DecodingError):
+        # Our own reader's text (or httpx's): the coding and zlib's reason, no header.
+        return HttpNetworkError(
+            f"{what} {url}: the response body could not be decoded "
+            f"({redact(str(exc), secrets)}); the server answered, so it may have applied it",
+            url=url, may_have_taken_effect=True)
     return HttpNetworkError(
         f"{what} {url} failed unexpectedly ({name}); the server may have applied it",
         url=url, may_have_taken_effect=True)

@@ -15,9 +15,10 @@ Every gzip member is decoded, as gzip readers do; bytes after the last member, o
 deflate stream, that do not start another member are ignored, as gzip, httpx and urllib3
 do. A body that ends inside a compressed stream (a dropped connection on a body delimited
 by the connection's end) is a decoding error, not a shorter body. Those codings are all
-the connector asks for (``Accept-Encoding: gzip, deflate``); any other coding is passed
-through as it came, as httpx does with codings it does not know, so its body is not JSON
-and reads as unreadable.
+the connector asks for (``Accept-Encoding: gzip, deflate``). A body in any other coding
+(``br``, ``zstd``, a name not known; ``identity`` is none) is not read at all: its reply
+says ``undecoded``, so its bytes can never be taken for the body they encode, and its
+status still speaks for itself.
 """
 
 from __future__ import annotations
@@ -148,9 +149,21 @@ class _Inflater:
         self._upstream.check_ended()
 
 
-def _decoder(response: httpx.Response, raw: _Raw) -> _Stage:
+def _codings(response: httpx.Response) -> list[str]:
+    """The codings listed in ``Content-Encoding``, in the order applied, lower case."""
     listed = response.headers.get_list("content-encoding", split_commas=True)
-    names = (c.strip().lower() for c in listed)
+    return [c.strip().lower() for c in listed if c.strip()]
+
+
+def _undecoded(codings: list[str]) -> str | None:
+    """``codings`` as one value when one of them is not decoded here, else None."""
+    if all(_ALIASES.get(c, c) in _WBITS or c == "identity" for c in codings):
+        return None
+    return ", ".join(codings)
+
+
+def _decoder(response: httpx.Response, raw: _Raw) -> _Stage:
+    names = _codings(response)
     codings = [c for c in (_ALIASES.get(name, name) for name in names) if c in _WBITS]
     if len(codings) > _MAX_CODINGS:
         raise httpx.DecodingError(
@@ -169,8 +182,13 @@ async def read_reply(response: httpx.Response, limit: int) -> Reply:
     connection is closed by the caller.
 
     Raises ``httpx.DecodingError`` for a body its codings cannot decode: broken, cut short,
-    or stacked more than five deep.
+    or stacked more than five deep. A body in a coding not decoded here is not read: the
+    reply is ``undecoded``.
     """
+    undecoded = _undecoded(_codings(response))
+    if undecoded is not None:
+        return Reply(status=response.status_code, headers=response.headers, content=b"",
+                     undecoded=undecoded)
     try:
         held = response.content  # a transport that answered from memory has decoded it
     except httpx.ResponseNotRead:

@@ -14,44 +14,20 @@ local server: it records each request's header block.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
-from http_support import make_request
+from http_support import Seen, make_request, raw_server
 
 from agentium_graph import ConfigurationError
 from agentium_graph_http import HttpActionConnector
 
 
-@asynccontextmanager
-async def _recording_server() -> AsyncIterator[tuple[str, list[list[tuple[str, str]]]]]:
-    """Answers 201 ``{}`` to a post and 404 to anything else; records each header block."""
-    seen: list[list[tuple[str, str]]] = []
-
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-            lines = head.decode("latin-1").split("\r\n")
-            fields = [(n.strip().lower(), v.strip()) for n, _, v in
-                      (line.partition(":") for line in lines[1:] if line)]
-            seen.append(fields)
-            length = dict(fields).get("content-length")
-            await reader.readexactly(int(length) if length else 0)
-            writer.write(b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}"
-                         if lines[0].startswith("POST") else
-                         b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}")
-            await writer.drain()
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", seen
-    finally:
-        server.close()
-        await server.wait_closed()
+def _answer(request: Seen) -> bytes:
+    """201 ``{}`` to a post, 404 to anything else."""
+    if request.line.startswith("POST"):
+        return b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}"
+    return b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}"
 
 
 @pytest.mark.parametrize("name", ["Content-Type", "content-type", "Accept", "ACCEPT",
@@ -59,7 +35,7 @@ async def _recording_server() -> AsyncIterator[tuple[str, list[list[tuple[str, s
                                   "Transfer-Encoding", "Connection", "Content-Encoding",
                                   "Idempotency-Key", "X-Request-Key"])
 async def test_the_key_is_on_the_wire_in_the_configured_header(name: str) -> None:
-    async with _recording_server() as (url, seen):
+    async with raw_server(_answer) as (url, seen):
         try:
             connector = HttpActionConnector(url, idempotency_header=name, timeout_s=5,
                                             dispatch_attempts=1)
@@ -71,7 +47,7 @@ async def test_the_key_is_on_the_wire_in_the_configured_header(name: str) -> Non
             await connector.dispatch(request)
     # Before: Content-Type and Accept were overwritten by the connector's own values and
     # the create went out without any key.
-    values = [value for field, value in seen[0] if field == name.lower()]
+    values = [value for field, value in seen[0].fields if field == name.lower()]
     assert values == [request.action_id], seen[0]
 
 
@@ -85,7 +61,7 @@ def test_static_headers_cannot_set_framing_or_hop_by_hop_fields(name: str) -> No
 
 async def test_a_static_transfer_encoding_framed_requests_twice() -> None:
     # What the refusal above prevents, on the wire.
-    async with _recording_server() as (url, seen):
+    async with raw_server(_answer) as (url, seen):
         try:
             connector = HttpActionConnector(url, headers={"Transfer-Encoding": "chunked"},
                                             timeout_s=5, dispatch_attempts=1)
@@ -94,7 +70,7 @@ async def test_a_static_transfer_encoding_framed_requests_twice() -> None:
         async with connector:
             await connector.dispatch(make_request())
             await connector.resolve_result("act_1")
-    post, lookup = (dict(fields) for fields in seen)
+    post, lookup = (dict(request.fields) for request in seen)
     assert not ("content-length" in post and "transfer-encoding" in post), post
     assert "transfer-encoding" not in lookup, lookup
 
@@ -111,7 +87,7 @@ async def test_a_static_transfer_encoding_framed_requests_twice() -> None:
     {"lookup_path_template": "/c h/{key}"},
 ], ids=lambda options: repr(next(iter(options.values()))))
 def test_urls_httpx_cannot_send_are_refused_at_construction(options: dict[str, str]) -> None:
-    config = {"base_url": "http://api.test", **options}
+    config: dict[str, Any] = {"base_url": "http://api.test", **options}
     with pytest.raises(ConfigurationError) as info:
         HttpActionConnector(**config)
     assert next(iter(options)) in str(info.value)

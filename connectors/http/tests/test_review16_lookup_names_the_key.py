@@ -11,12 +11,11 @@ test server and a raw one that records the request line.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from typing import Any
 
 import pytest
-from http_support import make_request
+from http_support import make_request, raw_server
 
 from agentium_graph import Absent, ConfigurationError, Unknown
 from agentium_graph_http import HttpActionConnector, HttpConnectorError
@@ -49,27 +48,7 @@ async def test_a_key_with_dots_inside_is_still_a_key(server: IdempotentTestServe
         assert server.accepted_for(key) == 1
 
 
-@asynccontextmanager
-async def _recording_server() -> AsyncIterator[tuple[int, list[bytes]]]:
-    """Answers every request with 404 and records its request line."""
-    lines: list[bytes] = []
-
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        lines.append(head.split(b"\r\n", 1)[0])
-        length = [line for line in head.lower().split(b"\r\n")
-                  if line.startswith(b"content-length:")]
-        await reader.readexactly(int(length[0].split(b":")[1]) if length else 0)
-        writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}")
-        await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    try:
-        yield server.sockets[0].getsockname()[1], lines
-    finally:
-        server.close()
-        await server.wait_closed()
+NOT_FOUND = b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}"
 
 
 @pytest.mark.parametrize("options", [
@@ -83,9 +62,8 @@ async def _recording_server() -> AsyncIterator[tuple[int, list[bytes]]]:
         "dot-after-key", "encoded-dotdot", "base-dotdot", "create-dotdot"])
 async def test_urls_whose_path_would_change_on_the_way_are_refused(
         options: dict[str, str]) -> None:
-    async with _recording_server() as (port, lines):
-        root = f"http://127.0.0.1:{port}"
-        config = {"base_url": root, **options}
+    async with raw_server(lambda request: NOT_FOUND) as (root, seen):
+        config: dict[str, Any] = {"base_url": root, **options}
         config["base_url"] = config["base_url"].replace("{root}", root)
         try:
             connector = HttpActionConnector(**config, timeout_s=5)
@@ -95,7 +73,8 @@ async def test_urls_whose_path_would_change_on_the_way_are_refused(
         # status), whose 404 was taken as proof that the key was never accepted.
         async with connector:
             lookup = await connector.resolve_result("act_1")
-        pytest.fail(f"accepted; the lookup asked {lines} and answered {lookup!r}")
+        pytest.fail(f"accepted; the lookup asked {[r.line for r in seen]} and answered "
+                    f"{lookup!r}")
 
 
 def test_a_dot_segment_spelled_out_in_a_name_is_still_a_name() -> None:
