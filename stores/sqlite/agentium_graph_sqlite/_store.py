@@ -301,6 +301,10 @@ class SQLiteDurableTaskStore:
         self._executor_lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None  # touched only on the worker thread
         self._closed = False
+        # Set once the connection is closed (or there was none); a close() that finds the
+        # store closing waits for it: see close(). Both under _executor_lock.
+        self._shut = False
+        self._shut_waiters: list[asyncio.Future[None]] = []
         self._pid = os.getpid()
         self._inherited: list[tuple[_Worker, sqlite3.Connection | None]] = []
         # The background WAL checkpointer (see _checkpoint.py): created by the worker thread
@@ -375,6 +379,8 @@ class SQLiteDurableTaskStore:
     def _connection(self) -> sqlite3.Connection:
         # Worker thread only. A failed open is not cached: the next operation tries again.
         if self._conn is None:
+            if self._shut:  # a call queued behind close()'s must not reopen the file
+                raise self._closed_error()
             if self._settings.read_only:
                 self._conn, self._version = open_read_only(self._settings)
             else:
@@ -522,20 +528,32 @@ class SQLiteDurableTaskStore:
         return await self._read("read_timeline", read)
 
     async def close(self) -> None:
-        """Close the connection and stop the worker thread; closing twice is a no-op."""
-        if self._closed:
-            return
-        self._closed = True
+        """Close the connection and stop the worker thread. Every call, a second one made
+        while the first is still closing included, returns only once the file is closed;
+        closing a closed store is a no-op."""
+        waiter: asyncio.Future[None] | None = None
+        executor: _Worker | None = None
         with self._executor_lock:
-            executor, self._executor = self._executor, None
-            if executor is not None and self._pid != os.getpid():
-                return  # a forked child: the parent's thread and connection are not ours
-        if executor is None:
+            if self._closed:
+                if self._shut:
+                    return
+                waiter = asyncio.get_running_loop().create_future()
+                self._shut_waiters.append(waiter)
+            else:
+                self._closed = True
+                executor, self._executor = self._executor, None
+                if executor is not None and self._pid != os.getpid():
+                    executor = None  # a forked child: the parent's thread and connection
+        if waiter is not None:
+            await waiter  # settled by the first close's job, whatever its loop
             return
         try:
-            future = executor.submit(self._close_connection)
+            future = None if executor is None else executor.submit(self._close_connection)
         except RuntimeError:
-            return  # the worker is already stopped
+            future = None  # the worker is already stopped
+        if executor is None or future is None:
+            self._shut_down()
+            return
         try:
             await future
         finally:
@@ -544,14 +562,26 @@ class SQLiteDurableTaskStore:
     def _close_connection(self) -> None:
         # The checkpointer first (it waits for a pass in progress), so the store's own
         # connection stays the last one and its close checkpoints and removes the WAL as before.
-        checkpointer, self._checkpointer = self._checkpointer, None
-        if checkpointer is not None:
-            checkpointer.close()
-        conn, self._conn = self._conn, None
-        self._kept.clear()
-        if conn is not None:
-            with mapped_errors(self.path, "close"):
-                conn.close()
+        try:
+            checkpointer, self._checkpointer = self._checkpointer, None
+            if checkpointer is not None:
+                checkpointer.close()
+            conn, self._conn = self._conn, None
+            self._kept.clear()
+            if conn is not None:
+                with mapped_errors(self.path, "close"):
+                    conn.close()
+        finally:
+            self._shut_down()
+
+    def _shut_down(self) -> None:
+        """The file is closed (any thread): release every close() waiting for that."""
+        with self._executor_lock:
+            self._shut = True
+            waiters, self._shut_waiters = self._shut_waiters, []
+        for waiter in waiters:
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
+                waiter.get_loop().call_soon_threadsafe(_settle, waiter, None, None)
 
     async def __aenter__(self) -> SQLiteDurableTaskStore:
         return self
