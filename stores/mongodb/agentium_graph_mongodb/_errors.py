@@ -29,6 +29,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from bson.errors import BSONError, InvalidDocument
+from pydantic_core import PydanticSerializationError
 from pymongo.errors import (
     BulkWriteError,
     ClientBulkWriteException,
@@ -41,7 +42,7 @@ from pymongo.errors import (
     WriteConcernError,
 )
 
-from agentium_graph.errors import StoreError, StoreUnavailableError
+from agentium_graph.errors import ConfigurationError, StoreError, StoreUnavailableError
 
 # Server error codes that mean "try again": network and host errors, elections, shutdown,
 # not-primary, and time limits. (pymongo's own retryable-error list, plus time limits.)
@@ -280,6 +281,22 @@ def mapped_errors(op: str, where: str) -> Iterator[None]:
         yield
     except (PyMongoError, BSONError, OverflowError) as exc:
         raise map_mongo_error(exc, op, where) from exc
+
+
+@contextmanager
+def text_errors(op: str, where: str) -> Iterator[None]:
+    """Refuse text that is not valid Unicode (a lone surrogate: what Python makes of an
+    invalid byte in a command-line argument), wherever bson or pydantic's JSON encoder
+    meets it: a caller's mistake, not a store failure, so never retried."""
+    try:
+        yield
+    except (UnicodeEncodeError, PydanticSerializationError) as exc:
+        raise ConfigurationError(
+            f"MongoDB store ({where}): {op} was given text that is not valid Unicode "
+            f"({bounded(str(exc), 200)}): a lone surrogate, as Python decodes an invalid "
+            "byte of a command-line argument. Pass keys, ids and texts as valid UTF-8 "
+            "text; the task was not changed",
+            details={"op": op, "where": where}) from exc
 
 
 def retries_exhausted(last: TransientStoreError, op: str, where: str, attempts: int,

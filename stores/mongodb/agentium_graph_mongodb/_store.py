@@ -66,6 +66,7 @@ from agentium_graph_mongodb._errors import (
     mapped_errors,
     note_transient_failure,
     retries_exhausted,
+    text_errors,
 )
 from agentium_graph_mongodb._ops import Counters, Session
 
@@ -153,7 +154,9 @@ class MongoDBDurableTaskStore:
     ``read_only`` and ``create`` take real bools (not 1 or ``"yes"``), ``retries``,
     ``cas_attempts`` and ``cache_size`` real ints, the ``*_s`` durations an int or a float
     (not a bool or a string). A wrong one is a :class:`~agentium_graph.ConfigurationError`
-    naming it (``details["argument"]``).
+    naming it (``details["argument"]``). Text that is not valid Unicode (a lone surrogate,
+    as Python decodes an invalid byte of a command-line argument) in a key, id or record is
+    a :class:`~agentium_graph.ConfigurationError` naming the operation, and changes nothing.
 
     Reads only read: ``get_header``, ``get_task``, ``list_tasks``, ``read_timeline``... check
     the database's ``meta`` document (its schema version) with a read and never write, so
@@ -448,44 +451,49 @@ class MongoDBDurableTaskStore:
         await self._io("open (create indexes)", lambda: db[JOURNAL].create_index(
             [("k", 1), ("s", 1)], unique=True, name="by_task_seq"), write=True)
 
+    async def _call(self, op: str, write: bool, fn: Callable[[Session], Awaitable[T]]) -> T:
+        """One protocol operation on the running loop's session."""
+        with text_errors(op, self._where):
+            return await fn(await self._ready(op if write else None))
+
     # --- DurableTaskStore ------------------------------------------------------------------
     async def create_task(self, request: CreateTaskRequest) -> CreateTaskResult:
-        return await (await self._ready("create_task")).create_task(request)
+        return await self._call("create_task", True, lambda s: s.create_task(request))
 
     async def get_header(self, key: str) -> TaskHeader | None:
-        return await (await self._ready()).get_header(key)
+        return await self._call("get_header", False, lambda s: s.get_header(key))
 
     async def get_task(self, key: str) -> TaskSnapshot | None:
-        return await (await self._ready()).get_task(key)
+        return await self._call("get_task", False, lambda s: s.get_task(key))
 
     async def get_identity(self, key: str) -> TaskIdentity | None:
-        return await (await self._ready()).get_identity(key)
+        return await self._call("get_identity", False, lambda s: s.get_identity(key))
 
     async def list_tasks(self, request: ListTasksRequest) -> list[TaskHeader]:
-        return await (await self._ready()).list_tasks(request)
+        return await self._call("list_tasks", False, lambda s: s.list_tasks(request))
 
     async def acquire_lease(self, request: AcquireLeaseRequest) -> LeaseGrant:
-        return await (await self._ready("acquire_lease")).acquire(request)
+        return await self._call("acquire_lease", True, lambda s: s.acquire(request))
 
     async def renew_lease(self, request: RenewLeaseRequest) -> LeaseStatus:
-        return await (await self._ready("renew_lease")).renew(request)
+        return await self._call("renew_lease", True, lambda s: s.renew(request))
 
     async def release_lease(self, request: ReleaseLeaseRequest) -> TaskHeader:
-        return await (await self._ready("release_lease")).release(request)
+        return await self._call("release_lease", True, lambda s: s.release(request))
 
     async def request_cancel(self, request: CancelTaskRequest) -> TaskHeader:
-        return await (await self._ready("request_cancel")).cancel(request)
+        return await self._call("request_cancel", True, lambda s: s.cancel(request))
 
     async def commit(self, request: CommitRequest) -> CommitResult:
-        return await (await self._ready("commit")).commit(request)
+        return await self._call("commit", True, lambda s: s.commit(request))
 
     async def get_blobs(self, digests: Sequence[str]) -> dict[str, str]:
         if not digests:
             return {}
-        return await (await self._ready()).get_blobs(digests)
+        return await self._call("get_blobs", False, lambda s: s.get_blobs(digests))
 
     async def read_timeline(self, request: TimelineRequest) -> list[JournalEntry]:
-        return await (await self._ready()).read_timeline(request)
+        return await self._call("read_timeline", False, lambda s: s.read_timeline(request))
 
     async def close(self) -> None:
         """Release the connections (only of clients the store created); idempotent.
