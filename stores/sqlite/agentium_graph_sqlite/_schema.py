@@ -245,6 +245,14 @@ def _check_filesystem(path: Path, *, writable: bool) -> None:
                 "directory or fix the symlink", details={**details, "target": str(target)})
         directory = target.parent
     if not directory.is_dir():
+        tilde = _unexpanded_tilde(directory)
+        if tilde is not None:  # "mkdir -p" would make a directory named '~' here
+            raise StoreError(
+                f"cannot open SQLite store {str(path)!r}: directory {str(tilde)!r} does not "
+                f"exist: a leading {tilde.name!r} is not expanded in a path given to "
+                "SQLiteDurableTaskStore (nor by open() or sqlite3); pass the path through "
+                "os.path.expanduser() or Path.expanduser() first (a sqlite:/// store URI "
+                "expands it)", details=details)
         raise StoreError(
             f"cannot open SQLite store {str(path)!r}: directory {str(directory)!r} does not "
             f"exist; create it first (mkdir -p {str(directory)!r}) or choose another path",
@@ -280,6 +288,15 @@ def _check_filesystem(path: Path, *, writable: bool) -> None:
         raise StoreSchemaError(
             f"cannot open SQLite store {str(path)!r}: the file is not a SQLite database; "
             "point the store at a new path (the file was left unchanged)", details=details)
+
+
+def _unexpanded_tilde(directory: Path) -> Path | None:
+    """The first missing directory on the way to ``directory`` when its name starts with
+    '~' (a home directory the caller meant to have expanded), else None."""
+    missing = directory
+    while not missing.parent.is_dir() and missing.parent != missing:
+        missing = missing.parent
+    return missing if missing.name.startswith("~") else None
 
 
 def _probe(path: Path) -> _Found:
