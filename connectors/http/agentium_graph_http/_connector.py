@@ -271,9 +271,11 @@ class HttpActionConnector:
         sent = dict(headers)
         if self._asks_codings:
             sent["Accept-Encoding"] = ACCEPT_ENCODING
+        progress = _Progress()
         try:
             request = client.build_request(method, url, content=body, headers=sent,
-                                           timeout=httpx.Timeout(timeout_s))
+                                           timeout=httpx.Timeout(timeout_s),
+                                           extensions={"trace": progress.trace})
         except Exception as exc:  # e.g. a header the client cannot encode: never sent
             raise build_error(exc, url, method) from exc
         try:
@@ -284,7 +286,8 @@ class HttpActionConnector:
                 finally:
                     await response.aclose()
         except Exception as exc:  # CancelledError is a BaseException and passes through
-            raise transport_error(exc, url, method, timeout_s, self._secrets) from exc
+            raise transport_error(exc, url, method, timeout_s, self._secrets,
+                                  unsent=progress.unsent) from exc
 
     def _body(self, response: Reply, url: str, what: str) -> Any:
         if not response.is_success:
@@ -358,6 +361,31 @@ class HttpActionConnector:
         if isinstance(retry_after_s, int | float):
             delay = max(delay, float(retry_after_s))
         return min(delay, cfg.retry_max_wait_s)
+
+
+class _Progress:
+    """How far httpcore got with one request, from its ``trace`` events.
+
+    The whole-request ``asyncio.timeout`` fires no later than httpx's own connect timeout,
+    so its ``TimeoutError`` says nothing of the phase: this does. A request is provably
+    unsent when a connection was being opened (TCP, TLS) and no request bytes had started
+    to go out; without events (another transport, a pooled connection) nothing is proven.
+    """
+
+    def __init__(self) -> None:
+        self.connecting = False
+        self.sending = False
+
+    async def trace(self, name: str, info: Mapping[str, Any]) -> None:
+        # "http11.send_request_headers.started", "connection.start_tls.started", ...
+        if ".send_request" in name:
+            self.sending = True
+        elif name.startswith(("connection.connect_", "connection.start_tls")):
+            self.connecting = True
+
+    @property
+    def unsent(self) -> bool:
+        return self.connecting and not self.sending
 
 
 def _reject_constant(name: str) -> NoReturn:

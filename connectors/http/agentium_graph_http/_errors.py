@@ -218,16 +218,19 @@ def build_error(exc: Exception, url: str, what: str) -> HttpConnectorError:
 
 
 def transport_error(exc: Exception, url: str, what: str, timeout_s: float,
-                    secrets: Iterable[str] = ()) -> HttpConnectorError:
+                    secrets: Iterable[str] = (), *, unsent: bool = False) -> HttpConnectorError:
     """Map an exception raised while sending ``what`` to ``url`` into the typed tree.
 
     Only connect-phase failures (and requests refused while being framed) prove the
-    request never reached the server. Only network errors quote their text (redacted):
-    a framing error or an unexpected exception may quote a header value.
+    request never reached the server; ``unsent`` says the caller saw it fail before any
+    request byte went out (a whole-request timeout during the TLS handshake). Only network
+    errors quote their text (redacted): a framing error or an unexpected exception may
+    quote a header value.
     """
     name = type(exc).__name__
-    unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout |
-                        httpx.UnsupportedProtocol | httpx.ProxyError)
+    unsent = unsent or isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout |
+                                  httpx.PoolTimeout | httpx.UnsupportedProtocol |
+                                  httpx.ProxyError)
     if isinstance(exc, TimeoutError | httpx.TimeoutException):
         return HttpTimeoutError(
             f"{what} {url}: no response within {timeout_s:g}s ({name}); "
