@@ -15,7 +15,8 @@ Every failure of :meth:`HttpActionConnector.dispatch` leaves the package as one 
         ├── HttpRejectedError               http_rejected: another 3xx/4xx; retrying the same
         │                                   request cannot succeed
         └── HttpResponseError               http_bad_response: a 2xx whose body is not JSON
-            │                               (or a 303 See Other after a POST/PUT)
+            │                               or is in a coding not decoded here (br, zstd),
+            │                               or a 303 See Other after a POST/PUT
             └── HttpResponseTooLargeError   http_response_too_large: a 2xx whose body is
                                             larger than max_response_bytes
 
@@ -97,7 +98,9 @@ class HttpRejectedError(HttpConnectorError):
 
 
 class HttpResponseError(HttpConnectorError):
-    """A 2xx whose body is not JSON: the server accepted, but the outcome is unreadable.
+    """A 2xx whose body is not JSON, or is in a content coding this connector does not
+    decode (``details["content_encoding"]``): the server accepted, but the outcome is
+    unreadable.
 
     Also raised for a ``303 See Other`` answering a POST/PUT: the server has most likely
     processed the request and points elsewhere for the result, which is not followed.
