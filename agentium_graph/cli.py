@@ -24,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import errno
 import io
 import json
+import os
 import re
 import shlex
 import sys
@@ -207,12 +209,33 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            if sys.stdout is not None:  # so a write that fails fails here, not at exit
+                sys.stdout.flush()
+            return result
         except click.UsageError as exc:
             raise _usage_line(exc) from None
         except AgentiumGraphError as exc:
             click.echo(f"error: {_one_line(exc)}", err=True)
             ctx.exit(exit_code_for(exc))
+        except OSError as exc:
+            # Writing the output failed (a full disk): one line, like every error. A closed
+            # pipe (`| head`) click ends quietly; an error naming a file is not the output's.
+            if exc.errno == errno.EPIPE or exc.filename is not None:
+                raise
+            _discard_stdout()
+            click.echo(f"error: cannot write the output ({exc.strerror or exc}); what was "
+                       "printed is incomplete", err=True)
+            ctx.exit(EXIT_ERROR)
+
+
+def _discard_stdout() -> None:
+    """Point stdout at the null device: what is still buffered for it cannot be written
+    either, and Python's flush at exit would report that again."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
 
 
 # --- store plumbing -----------------------------------------------------------------------
