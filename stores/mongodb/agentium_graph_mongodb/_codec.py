@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from agentium_graph.errors import ErrorInfo, StoreSchemaError
 from agentium_graph.store import JournalEntry, NodeRecord, TaskHeader
+from agentium_graph_mongodb._errors import bounded
 
 #: The layout version this package reads and writes. Every document carries it as ``v``.
 SCHEMA_VERSION = 1
@@ -108,14 +109,30 @@ def header_doc(header: TaskHeader) -> dict[str, Any]:
     return doc
 
 
-def header_from_doc(doc: Mapping[str, Any], where: str) -> TaskHeader:
-    with schema_errors(where):
-        fields = dict(doc)
-        fields["counters"] = {decode_key(k): v for k, v in fields["counters"].items()}
-        fields["limits"] = {decode_key(k): v for k, v in fields["limits"].items()}
-        error = fields.get("error")
-        fields["error"] = None if error is None else ErrorInfo.model_validate_json(error)
-        return TaskHeader.model_validate(fields)
+def header_from_doc(doc: object, where: str, key: str) -> TaskHeader:
+    """The header of the task document ``key``, parsed strictly: the store's queries
+    compare stored values exactly (``header.fence: 1`` never matches ``"1"``), so a value
+    pydantic would coerce is damage, not a header that no write can then match."""
+    if not isinstance(doc, Mapping):
+        raise damaged(where, "header is missing" if doc is None else
+                      f"header is not a document (a {type(doc).__name__})", key)
+    fields = dict(doc)
+    for name in ("counters", "limits"):
+        if isinstance(fields.get(name), Mapping):
+            fields[name] = {decode_key(str(k)): v for k, v in fields[name].items()}
+    error = fields.get("error")
+    if isinstance(error, str):
+        with schema_errors(where, "header.error", key):
+            fields["error"] = json.loads(error)
+    with schema_errors(where, "header", key):
+        # Anything JSON cannot hold (a BSON date, an ObjectId) becomes a value no header
+        # field accepts, so the error names its field.
+        text = json.dumps(fields, default=lambda value: {"bson": type(value).__name__})
+        header = TaskHeader.model_validate_json(text, strict=True)
+    if header.key != key:
+        raise damaged(where, f"header.key is {bounded_repr(header.key)}, not the document's "
+                      f"_id {bounded_repr(key)}", key)
+    return header
 
 
 def changed_header_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
@@ -130,35 +147,61 @@ def changed_header_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> dic
 
 # --- documents -------------------------------------------------------------------------------
 
-def check_version(doc: Mapping[str, Any], where: str) -> None:
+def check_version(doc: Mapping[str, Any], where: str, key: str | None = None) -> None:
     """Refuse a document written by a newer (or no) agentium-graph-mongodb schema."""
     version = doc.get("v")
+    extra = {} if key is None else {"key": key}
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise StoreSchemaError(
             f"MongoDB store: {where} is not an agentium-graph-mongodb document (no schema "
             "version); point the store at a database of its own (database=...)",
-            details={"where": where})
+            details={"where": where, **extra})
     if version > SCHEMA_VERSION:
         raise StoreSchemaError(
             f"MongoDB store: {where} was written with store schema version {version}, newer "
             f"than this agentium-graph-mongodb supports ({SCHEMA_VERSION}); upgrade "
             "agentium-graph-mongodb to read it (nothing was changed)",
             details={"where": where, "schema_version": version,
-                     "supported": SCHEMA_VERSION})
+                     "supported": SCHEMA_VERSION, **extra})
+
+
+def damaged(where: str, problem: str, key: str | None = None) -> StoreSchemaError:
+    """The error for a stored document that cannot be read: ``problem`` names the field."""
+    details: dict[str, Any] = {"where": where, "problem": problem}
+    if key is not None:
+        details["key"] = key
+    return StoreSchemaError(
+        f"MongoDB store: {where} cannot be parsed: {problem}; it was edited by hand or "
+        "written by an incompatible version. Restore it from a backup or upgrade "
+        "agentium-graph-mongodb", details=details)
 
 
 @contextmanager
-def schema_errors(where: str) -> Iterator[None]:
-    """Turn a parse failure of a stored document into a StoreSchemaError naming it."""
+def schema_errors(where: str, field: str = "", key: str | None = None) -> Iterator[None]:
+    """Turn a parse failure of a stored document into a StoreSchemaError naming the field:
+    ``field`` is the document path of what is parsed inside the block ("" for the whole
+    document); pydantic's error locations are relative to it."""
     try:
         yield
     except (ValidationError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        count = exc.error_count() if isinstance(exc, ValidationError) else 1
-        raise StoreSchemaError(
-            f"MongoDB store: {where} cannot be parsed ({count} problem(s): "
-            f"{type(exc).__name__}); it was edited by hand or written by an incompatible "
-            "version. Restore it from a backup or upgrade agentium-graph-mongodb",
-            details={"where": where}) from exc
+        raise damaged(where, _problem(exc, field), key) from exc
+
+
+def _problem(exc: Exception, field: str) -> str:
+    if isinstance(exc, ValidationError):
+        errors = exc.errors(include_url=False, include_input=False)
+        first = errors[0]
+        path = ".".join(str(p) for p in (field, *first.get("loc", ())) if p != "")
+        more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+        return f"{path or 'the document'}: {bounded(str(first.get('msg', '?')), 200)}{more}"
+    if isinstance(exc, KeyError):
+        return f"{field or bounded_repr(exc.args[0] if exc.args else '?')} is missing"
+    text = bounded(str(exc), 200) or type(exc).__name__
+    return f"{field}: {text}" if field else text
+
+
+def bounded_repr(value: object) -> str:
+    return bounded(repr(value), 100)
 
 
 def journal_doc(key: str, entry: JournalEntry, token: str) -> dict[str, Any]:
@@ -173,8 +216,10 @@ def journal_id(key: str, seq: int) -> str:
 
 def entry_from_doc(doc: Mapping[str, Any]) -> JournalEntry:
     where = f"journal entry {doc.get('_id')!r}"
-    check_version(doc, where)
-    with schema_errors(where):
+    key = doc.get("k")
+    key = key if isinstance(key, str) else None
+    check_version(doc, where, key)
+    with schema_errors(where, "e", key):
         return JournalEntry.model_validate_json(doc["e"])
 
 

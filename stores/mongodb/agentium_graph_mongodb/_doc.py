@@ -18,7 +18,7 @@ from typing import Any
 import bson
 
 from agentium_graph.store import TaskHeader
-from agentium_graph_mongodb._codec import check_version, header_from_doc, schema_errors
+from agentium_graph_mongodb._codec import check_version, damaged, header_from_doc
 
 #: How many recent write tokens a task document keeps (``writes``): enough for a writer
 #: whose acknowledgement was lost to recognize its own write after a retry.
@@ -43,22 +43,25 @@ class TaskDoc:
         return seq
 
     def parsed_header(self) -> TaskHeader:
-        return header_from_doc(self.header, f"task document {self.key!r}")
+        return header_from_doc(self.header, f"task document {self.key!r}", self.key)
 
     @classmethod
     def from_raw(cls, raw: Mapping[str, Any]) -> TaskDoc:
         key = str(raw.get("_id"))
         where = f"task document {key!r}"
-        check_version(raw, where)
-        with schema_errors(where):
-            doc = cls(key=key, header=dict(raw["header"]),
-                      nodes=_texts(raw.get("nodes", {})),
-                      actions=_texts(raw.get("actions", {})),
-                      admissions=_texts(raw.get("admissions", {})),
-                      writes=[str(t) for t in raw.get("writes", [])])
-            if not isinstance(doc.header.get("seq"), int):
-                raise TypeError("header.seq is not an integer")
-        return doc
+        check_version(raw, where, key)
+        header = raw.get("header")
+        if not isinstance(header, Mapping):
+            raise damaged(where, "header is missing" if header is None else
+                          f"header is not a document (a {type(header).__name__})", key)
+        seq = header.get("seq")
+        if not isinstance(seq, int) or isinstance(seq, bool):
+            raise damaged(where, "header.seq is missing or not an integer", key)
+        return cls(key=key, header=dict(header),
+                    nodes=_texts(raw, "nodes", where, key),
+                    actions=_texts(raw, "actions", where, key),
+                    admissions=_texts(raw, "admissions", where, key),
+                    writes=write_tokens(raw, key))
 
     def growth(self, sets: Mapping[str, Any]) -> int:
         """About how many bytes ``$set: sets`` adds to the stored document (negative when
@@ -93,14 +96,26 @@ def _field_bytes(name: str, value: Any) -> int:
     return len(bson.encode({name: value})) - 5  # less the document's own length and end
 
 
-def _texts(value: Any) -> dict[str, str]:
+def write_tokens(raw: Mapping[str, Any], key: str) -> list[str]:
+    """The document's recent write tokens (``writes``)."""
+    writes = raw.get("writes", [])
+    if not isinstance(writes, list) or not all(isinstance(t, str) for t in writes):
+        raise damaged(f"task document {key!r}",
+                      "writes is not a list of write tokens (strings)", key)
+    return list(writes)
+
+
+def _texts(raw: Mapping[str, Any], name: str, where: str, key: str) -> dict[str, str]:
+    value = raw.get(name, {})
     if not isinstance(value, Mapping):
-        raise TypeError("expected a map of records")
+        raise damaged(where, f"{name} is not a document of records (a {type(value).__name__})",
+                      key)
     out: dict[str, str] = {}
-    for name, text in value.items():
+    for field_name, text in value.items():
         if not isinstance(text, str):
-            raise TypeError(f"record {name!r} is not JSON text")
-        out[str(name)] = text
+            raise damaged(where, f"{name}.{field_name} is not JSON text (a "
+                          f"{type(text).__name__})", key)
+        out[str(field_name)] = text
     return out
 
 

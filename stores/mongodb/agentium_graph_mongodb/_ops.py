@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import functools
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, Literal, Protocol, TypeVar
@@ -92,6 +92,7 @@ from agentium_graph_mongodb._codec import (
     changed_header_fields,
     charges_text,
     check_version,
+    damaged,
     encode_key,
     entry_from_doc,
     header_doc,
@@ -100,7 +101,7 @@ from agentium_graph_mongodb._codec import (
     schema_errors,
     stored_node,
 )
-from agentium_graph_mongodb._doc import WRITES_KEPT, DocCache, TaskDoc
+from agentium_graph_mongodb._doc import WRITES_KEPT, DocCache, TaskDoc, write_tokens
 from agentium_graph_mongodb._errors import (
     DOCUMENT_LIMIT_BYTES,
     DOCUMENT_LIMIT_MIB,
@@ -201,33 +202,32 @@ class Session:
         if raw is None:
             return None
         doc = TaskDoc.from_raw(raw)
-        where = f"task document {key!r}"
-        with schema_errors(where):
-            nodes = [NodeRecord.model_validate_json(t) for t in doc.nodes.values()]
-            actions = [ActionRecord.model_validate_json(t) for t in doc.actions.values()]
-        return TaskSnapshot(header=doc.parsed_header(), nodes={n.node_id: n for n in nodes},
-                            actions={a.action_id: a for a in actions})
+        nodes = _records(doc, NodeRecord, "nodes", doc.nodes)
+        actions = _records(doc, ActionRecord, "actions", doc.actions)
+        return TaskSnapshot(header=doc.parsed_header(),
+                            nodes={n.node_id: n for n in nodes.values()},
+                            actions={a.action_id: a for a in actions.values()})
 
     async def get_identity(self, key: str) -> TaskIdentity | None:
         raw = await self._find_one("get_identity", key, {"identity": 1, "v": 1})
         if raw is None:
             return None
-        where = f"identity of task {key!r}"
-        check_version(raw, where)
-        with schema_errors(where):
-            return TaskIdentity.model_validate_json(raw["identity"])
+        return _identity(raw, key)
 
     async def list_tasks(self, request: ListTasksRequest) -> list[TaskHeader]:
-        query: dict[str, Any] = {}
+        # Task keys are strings: a document with another kind of _id (someone else's) is
+        # no task, and would sort before them (numbers) or after them (ObjectIds).
+        ids: dict[str, Any] = {"$type": "string"}
+        if request.after is not None:
+            ids["$gt"] = request.after
+        query: dict[str, Any] = {"_id": ids}
         if request.status is not None:
             query["header.status"] = request.status
-        if request.after is not None:
-            query["_id"] = {"$gt": request.after}
 
         async def run() -> list[dict[str, Any]]:
             cursor = self.tasks.find(query, _HEADER_ONLY).sort("_id", 1).limit(request.limit)
             return await cursor.to_list(None)
-        return [_header(raw, str(raw.get("_id"))) for raw in await self.io("list_tasks", run)]
+        return [_header(raw, raw["_id"]) for raw in await self.io("list_tasks", run)]
 
     async def get_blobs(self, digests: Sequence[str]) -> dict[str, str]:
         wanted = sorted(set(digests))
@@ -248,9 +248,12 @@ class Session:
         if raw is None:
             raise TaskNotFoundError(key)
         where = f"task document {key!r}"
-        check_version(raw, where)
-        with schema_errors(where):
-            committed = int(raw["header"]["journal_seq"])
+        check_version(raw, where, key)
+        header = raw.get("header")
+        committed = header.get("journal_seq") if isinstance(header, dict) else None
+        if not isinstance(committed, int) or isinstance(committed, bool):
+            raise damaged(where, "header.journal_seq is missing or not an integer", key)
+        with schema_errors(where, "first_entry", key):
             first = JournalEntry.model_validate_json(raw["first_entry"])
         out: list[JournalEntry] = []
         if request.after_seq < 1 <= committed:
@@ -329,13 +332,11 @@ class Session:
                   token: str | None) -> CreateTaskResult:
         key = request.header.key
         header = _header(raw, key)
-        if token is not None and token in raw.get("writes", []):
+        if token is not None and token in write_tokens(raw, key):
             # Our own insert, acknowledged only on a retry after a lost reply.
             return CreateTaskResult(created=True, header=header)
         if header.identity_digest != request.header.identity_digest:
-            with schema_errors(f"identity of task {key!r}"):
-                identity = TaskIdentity.model_validate_json(raw["identity"])
-            identity_conflict(identity, request.identity)
+            identity_conflict(_identity(raw, key), request.identity)
         return CreateTaskResult(created=False, header=header)
 
     # --- compare-and-set transitions ------------------------------------------------------
@@ -731,26 +732,42 @@ def _check_create_size(raw: dict[str, Any]) -> None:
 
 
 def _header(raw: dict[str, Any], key: str) -> TaskHeader:
+    # Errors name the task (details["key"]): a lister (the CLI's list) reports it and goes on.
     where = f"task document {key!r}"
-    try:
-        check_version(raw, where)
-        with schema_errors(where):
-            return header_from_doc(raw["header"], where)
-    except StoreSchemaError as exc:
-        # The task, machine-readable: a lister (the CLI's list) reports it and goes on.
-        exc.details.setdefault("key", key)
-        raise
+    check_version(raw, where, key)
+    return header_from_doc(raw.get("header"), where, key)
+
+
+def _identity(raw: dict[str, Any], key: str) -> TaskIdentity:
+    where = f"identity of task {key!r}"
+    check_version(raw, where, key)
+    with schema_errors(where, "identity", key):
+        return TaskIdentity.model_validate_json(raw["identity"])
+
+
+M = TypeVar("M", NodeRecord, ActionRecord)
+
+
+def _records(doc: TaskDoc, model: type[M], name: str, texts: dict[str, str],
+             only: Iterable[str] | None = None) -> dict[str, M]:
+    """The records ``texts`` (a part ``name`` of the task document, by encoded id; only
+    the encoded ids ``only`` when given), parsed; an error names the damaged one."""
+    where = f"task document {doc.key!r}"
+    out: dict[str, M] = {}
+    for field_name in texts if only is None else (i for i in only if i in texts):
+        with schema_errors(where, f"{name}.{field_name}", doc.key):
+            out[field_name] = model.model_validate_json(texts[field_name])
+    return out
 
 
 def _loaded(doc: TaskDoc, need: Needs) -> tuple[dict[str, NodeRecord],
                                                 dict[str, ActionRecord], set[str]]:
     """The node and action records and charged admission ids a transition needs."""
-    with schema_errors(f"task document {doc.key!r}"):
-        nodes = {i: NodeRecord.model_validate_json(doc.nodes[e]) for i in need.node_ids
-                 if (e := encode_key(i)) in doc.nodes}
-        actions = {i: ActionRecord.model_validate_json(doc.actions[e])
-                   for i in need.action_ids if (e := encode_key(i)) in doc.actions}
-    return nodes, actions, {i for i in need.admission_ids if encode_key(i) in doc.admissions}
+    nodes = _records(doc, NodeRecord, "nodes", doc.nodes, map(encode_key, need.node_ids))
+    actions = _records(doc, ActionRecord, "actions", doc.actions,
+                       map(encode_key, need.action_ids))
+    return ({n.node_id: n for n in nodes.values()}, {a.action_id: a for a in actions.values()},
+            {i for i in need.admission_ids if encode_key(i) in doc.admissions})
 
 
 def _record_sets(delta: Delta) -> dict[str, Any]:
@@ -775,11 +792,9 @@ def _grant(post: TaskHeader, expires_at: datetime, doc: TaskDoc | None = None,
     under the new fence."""
     snapshot = None
     if doc is not None:
-        with schema_errors(f"task document {post.key!r}"):
-            nodes = {n.node_id: n for n in (NodeRecord.model_validate_json(t)
-                                            for t in doc.nodes.values())}
-            actions = {a.action_id: a for a in (ActionRecord.model_validate_json(t)
-                                                for t in doc.actions.values())}
+        nodes = {n.node_id: n for n in _records(doc, NodeRecord, "nodes", doc.nodes).values()}
+        actions = {a.action_id: a for a in _records(doc, ActionRecord, "actions",
+                                                    doc.actions).values()}
         if delta is not None:
             for n in delta.nodes.values():
                 nodes[n.node_id] = NodeRecord.model_validate_json(

@@ -399,6 +399,6 @@ def test_static_plan_headers_stay_readable_by_versions_before_plan_digest() -> N
     assert header.plan_digest is None
     doc = header_doc(header)
     assert "plan_digest" not in doc
-    assert header_from_doc(doc, "test") == header
+    assert header_from_doc(doc, "test", "static") == header
     planned = header.model_copy(update={"plan_digest": "sha256:" + "2" * 64})
-    assert header_from_doc(header_doc(planned), "test").plan_digest == planned.plan_digest
+    assert header_from_doc(header_doc(planned), "test", "static").plan_digest == planned.plan_digest
