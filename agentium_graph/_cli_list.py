@@ -36,11 +36,17 @@ if TYPE_CHECKING:
 
     from agentium_graph.cli import CliConfig
 
-__all__ = ["MAX_PAGE", "DamagedTask", "Row", "TaskList", "damaged_message", "list_rows",
-           "run_list"]
+__all__ = ["MAX_PAGE", "DamagedTask", "Row", "TaskList", "clip", "damaged_message",
+           "list_rows", "run_list"]
 
 MAX_PAGE = 1000  # the most rows a ListTasksRequest may ask for
-_REASON_CHARS = 80
+CLIP_CHARS = 80
+
+
+def clip(text: str, limit: int = CLIP_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, ending in ``…`` when cut: free text of any
+    length (a cancel reason) as one table cell or ``key=value`` pair."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 class DamagedTask(BaseModel):
@@ -178,7 +184,7 @@ def _render_list(console: Console, result: TaskList, status: str | None) -> None
             continue
         rows.append([_t(row.key), _status(row.status), str(row.fence),
                      _lease(row.lease, now, short=True),
-                     _t(row.cancel.reason if row.cancel else "-"),
+                     _t(clip(row.cancel.reason) if row.cancel else "-"),
                      str(row.counters.get("work_attempts", 0)), _relative(row.updated_at, now),
                      *([""] if result.damaged else [])])
     console.print(_table(title, columns, rows))
@@ -216,8 +222,7 @@ def _reason(exc: StoreSchemaError | DataIntegrityError) -> str:
             return "header is not valid JSON"
         first = problems[0]
         where = ".".join(["header", *(str(p) for p in first.get("loc", ()))])
-        text = f"{where}: {first.get('msg', '?')}"
-        return text if len(text) <= _REASON_CHARS else text[:_REASON_CHARS - 1] + "…"
+        return clip(f"{where}: {first.get('msg', '?')}")
     if cause is not None:
         return f"header cannot be parsed ({type(cause).__name__})"
     return f"header cannot be read ({exc.code})"

@@ -43,7 +43,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from agentium_graph._cli_list import MAX_PAGE, DamagedTask, TaskList, run_list
+from agentium_graph._cli_list import MAX_PAGE, DamagedTask, TaskList, clip, run_list
 from agentium_graph._store_uri import open_store_uri, redact
 from agentium_graph.catalog._catalog import HostCatalog
 from agentium_graph.errors import (
@@ -696,7 +696,7 @@ def _compact(data: dict[str, Any]) -> str:
         else:
             shown = json.dumps(value, sort_keys=True, ensure_ascii=False,
                                separators=(",", ":"))
-        parts.append(f"{name}={shown if len(shown) <= 80 else shown[:79] + '…'}")
+        parts.append(f"{name}={clip(shown)}")
     return " ".join(parts)
 
 
