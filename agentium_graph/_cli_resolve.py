@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import click
 
 from agentium_graph.connectors import Absent, ActionOutcome
+from agentium_graph.runtime._args import check_key
 from agentium_graph.runtime._resolve import resolve_action
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import ActionRecord
@@ -39,6 +40,7 @@ def resolve_command(config: object, key: str, action_id: str, absent: bool,
 
     require_text(KEY=key, ACTION_ID=action_id, **{"--actor": actor, "--output": output_json,
                                                   "--result-ref": result_ref})
+    check_key(key)
     if not actor.strip():
         raise click.BadParameter("must name who attests the resolution, not be blank",
                                  param_hint="'--actor'")

@@ -53,6 +53,7 @@ from agentium_graph.errors import (
     StoreError,
     TaskNotFoundError,
 )
+from agentium_graph.runtime._args import check_key
 from agentium_graph.runtime._config import DEFAULT_LEASE_TTL
 from agentium_graph.runtime._inspect import build_view
 from agentium_graph.runtime._resolve import cancel_stopped
@@ -167,6 +168,14 @@ def _text(ctx: click.Context, param: click.Parameter, value: str | None) -> str 
         name = (param.opts[0] if isinstance(param, click.Option) and param.opts
                 else param.human_readable_name)
         require_text(**{name: value})
+    return value
+
+
+def _key(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """click callback of a KEY argument: :func:`_text`, then the runtime's rule for a task
+    key (non-empty, at most 200 characters), so no command looks up a key no task can have."""
+    _text(ctx, param, value)
+    check_key(value)
     return value
 
 
@@ -418,7 +427,7 @@ def list_command(ctx: click.Context, status: str | None, limit: int, after: str 
 # --- inspect ------------------------------------------------------------------------------
 
 @cli.command("inspect", short_help="Show a task: status, lease, counters, nodes.")
-@click.argument("key", callback=_text)
+@click.argument("key", callback=_key)
 @json_option
 @click.pass_obj
 def inspect_command(config: CliConfig, key: str, as_json: bool) -> None:
@@ -540,7 +549,7 @@ def _actions_table(view: TaskView) -> Table:
 # --- cancel -------------------------------------------------------------------------------
 
 @cli.command("cancel", short_help="Request cancellation of a task.")
-@click.argument("key", callback=_text)
+@click.argument("key", callback=_key)
 @click.option("--reason", callback=_text, required=True, help="Why; recorded with the request.")
 @json_option
 @click.pass_obj
@@ -602,7 +611,7 @@ def _cancel_message(outcome: CancelOutcome) -> str:
 # --- timeline -----------------------------------------------------------------------------
 
 @cli.command("timeline")
-@click.argument("key", callback=_text)
+@click.argument("key", callback=_key)
 @click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True,
               help="Events per page.")
 @click.option("--cursor", callback=_text, default=None, metavar="CURSOR",
