@@ -78,6 +78,7 @@ INTERNAL_ERROR = 1
 MESSAGE_CAP = 2000
 _DRIVER_TEXT_CAP = 600  # how much of the driver's own text a message quotes
 DUPLICATE_KEY = 11000
+DATABASE_DIFFER_CASE = 13297  # a database whose name differs only in case exists
 _TRANSIENT_LABELS = ("RetryableWriteError", "TransientTransactionError")
 
 
@@ -245,6 +246,12 @@ def _map(exc: PyMongoError | BSONError | OverflowError, op: str, where: str,
             f"{head}: authentication or authorization failed; check the user name, password "
             "and authSource in the URI, and that the user may read and write this database",
             details=details)
+    if code == DATABASE_DIFFER_CASE:
+        return StoreError(
+            f"{head}: the server has a database whose name differs from this one only in "
+            "case, and MongoDB refuses to create a second one; pass the existing database's "
+            "exact name (database=..., the CLI's --database or the URI's path). Nothing was "
+            "written", details={**details, "reason": "database_differs_in_case"})
     if too_large:
         return StoreError(
             f"{head}: a record is too large for one MongoDB document: it is over MongoDB's "

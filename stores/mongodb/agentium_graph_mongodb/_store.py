@@ -80,6 +80,7 @@ MAX_BLOB_BYTES = 16 * 1024 * 1024 - 64 * 1024
 _MAX_SECONDS = 1_000_000.0  # timeouts beyond ~11 days are mistakes, and overflow the driver
 _DB_NAME_FORBIDDEN = '/\\. "$*<>:|?\x00'
 _DB_NAME_MAX_BYTES = 63
+_SYSTEM_DATABASES = frozenset({"admin", "local", "config"})
 #: Decoding options the store reads with, whatever the client's own (a client created
 #: with document_class=RawBSONDocument or tz_aware=True works the same).
 _CODEC_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(document_class=dict)
@@ -634,6 +635,12 @@ def _check_database_name(name: object) -> None:
         problem = f"must be a string, got {type(name).__name__}"
     elif not name:
         problem = "is empty"
+    elif name.lower() in _SYSTEM_DATABASES:
+        raise ConfigurationError(
+            f"database={name!r} is one of MongoDB's own databases (admin, local, config): "
+            "'local' is never replicated (a failover would lose every task), 'config' holds "
+            "a sharded cluster's metadata and 'admin' its users. Give the store a database "
+            "of its own, for example database='agentium'", details={"argument": "database"})
     elif bad := sorted({c for c in name if c in _DB_NAME_FORBIDDEN}):
         problem = f"contains {', '.join(repr(c) for c in bad)}"
     else:
