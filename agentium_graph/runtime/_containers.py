@@ -27,7 +27,7 @@ from agentium_graph.errors import ErrorInfo, NodeOutputError
 from agentium_graph.plan._validate import CompiledPlan
 from agentium_graph.runtime._graph import NodeSpec, Scope, child_prefix
 from agentium_graph.runtime._outcome import bytes_over, schema_error
-from agentium_graph.store._records import NodeRecord
+from agentium_graph.store._records import NodeRecord, new_node
 from agentium_graph.store._requests import (
     AddNodes,
     AppendJournal,
@@ -54,12 +54,12 @@ def node_record(key: str, plan: CompiledPlan, prefix: str, local: str,
                 parent: str | None) -> NodeRecord:
     node = plan.nodes[local]
     path = prefix + local
-    return NodeRecord(
-        node_id=path,
-        incarnation_id=incarnation_id(key, path, plan.revision, node.binding.id,
-                                      node.binding.version, node.args_digest or digest(node.args)),
-        kind=node.binding.kind, binding=node.binding.id, version=node.binding.version,
-        revision=plan.revision, parent=parent, deps=tuple(prefix + d for d in node.deps))
+    binding = node.binding
+    return new_node(
+        path, incarnation_id(key, path, plan.revision, binding.id, binding.version,
+                             node.args_digest or digest(node.args)),
+        binding.kind, binding.id, binding.version, plan.revision, parent,
+        tuple(prefix + d for d in node.deps))
 
 
 def materialize(run: TaskRun, spec: NodeSpec, iteration: int | None,

@@ -5,12 +5,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agentium_graph._canonical import record_digest
 from agentium_graph.runtime._blobs import read_verified
 from agentium_graph.runtime._planner import planner_view
 from agentium_graph.runtime._views import NodeView, TaskView
 from agentium_graph.store._protocol import DurableTaskStore
-from agentium_graph.store._records import TaskIdentity, TaskSnapshot
+from agentium_graph.store._records import (
+    TaskIdentity,
+    TaskSnapshot,
+    identity_digest_of,
+    trusted,
+)
+
+_NODE_VIEW_SET = frozenset(NodeView.model_fields)
 
 
 async def build_view(store: DurableTaskStore, snapshot: TaskSnapshot,
@@ -25,7 +31,7 @@ async def build_view(store: DurableTaskStore, snapshot: TaskSnapshot,
     problems: list[str] = []
     if identity is None:
         problems.append("identity record is missing")
-    elif (identity_digest or record_digest(identity.model_dump(mode="json"))) != \
+    elif (identity_digest or identity_digest_of(identity)) != \
             header.identity_digest:
         problems.append("identity record does not match the task's identity digest")
     blobs = await read_verified(store, (n.output_digest for n in snapshot.nodes.values()
@@ -41,12 +47,14 @@ async def build_view(store: DurableTaskStore, snapshot: TaskSnapshot,
                 problems.append(f"node {node_id!r}: output does not match its digest")
             else:
                 output = json.loads(blobs.texts[rec.output_digest])
-        views[node_id] = NodeView(
-            node_id=node_id, state=rec.state, kind=rec.kind, binding=rec.binding,
-            version=rec.version, revision=rec.revision, incarnation_id=rec.incarnation_id,
-            parent=rec.parent, deps=rec.deps, attempts=rec.attempts,
-            input_digest=rec.input_digest, output=output, output_digest=rec.output_digest,
-            error=rec.error)
+        # The record's values as they are: it was validated when it was built or read.
+        views[node_id] = trusted(NodeView, {
+            "node_id": node_id, "state": rec.state, "kind": rec.kind, "binding": rec.binding,
+            "version": rec.version, "revision": rec.revision,
+            "incarnation_id": rec.incarnation_id, "parent": rec.parent, "deps": rec.deps,
+            "attempts": list(rec.attempts), "input_digest": rec.input_digest,
+            "output": output, "output_digest": rec.output_digest, "error": rec.error},
+            _NODE_VIEW_SET)
     for name, value in header.counters.items():
         limit = header.limits.get(name)
         if limit is not None and value > limit:

@@ -20,7 +20,6 @@ from agentium_graph._canonical import (
     digest_text,
     json_copy,
     json_path,
-    record_digest,
     task_id,
 )
 from agentium_graph._program import ExecutionGraphProgram, PlanLimits
@@ -98,6 +97,7 @@ from agentium_graph.store._records import (
     TaskHeader,
     TaskIdentity,
     TaskSnapshot,
+    identity_digest_of,
 )
 from agentium_graph.store._requests import (
     AcquireLeaseRequest,
@@ -304,7 +304,7 @@ class ExecutionGraphRuntime:
             budgets=budgets.model_dump(), root_limits=limits.model_dump(),
             plan_limits=program.limits.model_dump(), deadline=absolute,
             deadline_after_seconds=after)
-        identity_digest = record_digest(identity.model_dump(mode="json"))
+        identity_digest = identity_digest_of(identity)
         counters = dict.fromkeys(COUNTERS, 0)
         counters["expanded_nodes"] = len(nodes)
         counters["plan_revisions"] = 0 if plan is None else 1

@@ -8,12 +8,14 @@ append-only **journal**, and content-addressed **blobs** (outputs, plans, identi
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Collection
 from datetime import datetime
 from typing import Any, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from agentium_graph._canonical import record_digest
 from agentium_graph.errors import ErrorInfo
 
 NodeState = Literal["pending", "claimed", "prepared", "running", "completed", "failed",
@@ -130,6 +132,28 @@ class TaskIdentity(_Record):
     plan_limits: dict[str, int]
     deadline: datetime | None
     deadline_after_seconds: float | None = None
+
+
+# A task's identity is hashed where it is built (create) and again where it is checked
+# (every store's create, an inspect): several kilobytes of canonical JSON each time, a
+# tenth of a small task's create. The digest is kept per identity object for as long as
+# the object lives (records are frozen; what they hold is JSON the runtime never mutates).
+_IDENTITY_DIGESTS: dict[int, tuple[weakref.ref[TaskIdentity], str]] = {}
+
+
+def identity_digest_of(identity: TaskIdentity) -> str:
+    """``record_digest`` of ``identity``'s JSON-mode dump: the task's identity digest."""
+    key = id(identity)
+    kept = _IDENTITY_DIGESTS.get(key)
+    if kept is not None and kept[0]() is identity:
+        return kept[1]
+    value = record_digest(identity.model_dump(mode="json"))
+    _IDENTITY_DIGESTS[key] = (weakref.ref(identity, lambda _: _forget(key)), value)
+    return value
+
+
+def _forget(key: int) -> None:
+    _IDENTITY_DIGESTS.pop(key, None)
 
 
 class JournalEntry(_Record):
@@ -251,6 +275,22 @@ def new_attempt(number: int, attempt_id: str, fence: int, worker_id: str,
         "number": number, "attempt_id": attempt_id, "fence": fence, "worker_id": worker_id,
         "started_at": started_at, "admission_id": admission_id,
         "input_digest": input_digest, "ended_at": None, "outcome": None}, _ATTEMPT_SET)
+
+
+_NEW_NODE_SET: Final = frozenset({"node_id", "incarnation_id", "kind", "binding", "version",
+                                  "revision", "parent", "deps"})
+
+
+def new_node(node_id: str, incarnation_id: str, kind: str, binding: str, version: str,
+             revision: int, parent: str | None, deps: tuple[str, ...]) -> NodeRecord:
+    """``NodeRecord(node_id=..., ..., deps=...)`` of a node not yet materialized (pending,
+    no attempts), without validation: ``create`` and every nested scope build one per node
+    from a compiled plan's values."""
+    return trusted(NodeRecord, {
+        "node_id": node_id, "incarnation_id": incarnation_id, "kind": kind,
+        "binding": binding, "version": version, "revision": revision, "parent": parent,
+        "deps": deps, "state": "pending", "attempts": (), "input_digest": None,
+        "output_digest": None, "error": None, "updated_at": None}, _NEW_NODE_SET)
 
 
 # Exactly these classes (not subclasses) take the fast paths above.

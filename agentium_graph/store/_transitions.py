@@ -11,7 +11,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from agentium_graph._canonical import record_digest
 from agentium_graph.errors import (
     BudgetExhaustedError,
     InvalidTransitionError,
@@ -29,6 +28,7 @@ from agentium_graph.store._records import (
     NodeState,
     TaskHeader,
     TaskIdentity,
+    identity_digest_of,
     journal_entry,
     new_attempt,
     replace,
@@ -572,7 +572,7 @@ def creation_entry(request: CreateTaskRequest) -> JournalEntry:
         raise InvalidTransitionError(
             f"create of {header.key!r}: a new task starts pending with seq 0, fence 0, no "
             "lease and journal_seq 1")
-    if record_digest(request.identity.model_dump(mode="json")) != header.identity_digest:
+    if identity_digest_of(request.identity) != header.identity_digest:
         raise InvalidTransitionError(
             f"create of {header.key!r}: identity_digest does not match the identity")
     return JournalEntry(seq=1, at=header.created_at, kind="task_created",
