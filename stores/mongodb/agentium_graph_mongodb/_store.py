@@ -122,7 +122,7 @@ class MongoDBDurableTaskStore:
     closes it; its own timeouts apply; it is bound to one event loop, and using the store
     from another raises :class:`~agentium_graph.ConfigurationError`). ``database``: the
     database holding the store's collections (``tasks``, ``journal``, ``blobs``, ``meta``);
-    give the store one of its own.
+    give the store one of its own (MongoDB's ``admin``, ``local`` and ``config`` are refused).
 
     Works on a standalone ``mongod``, a replica set and a sharded cluster (the task key is
     the ``_id`` of its task document and a valid shard key) without multi-document
