@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from agentium_graph._program import IntConfigModel
+from agentium_graph._program import MAX_LIMIT, IntConfigModel
 
 # Seconds a worker's lease lasts unless renewed: the runtime's default, and what the CLI and
 # the resolution helpers take when they hold a task briefly (cancel, resolve).
@@ -20,18 +20,21 @@ class RootLimits(IntConfigModel):
     """
 
     max_concurrent_work: int = Field(default=4, ge=1, le=1024)
-    max_expanded_nodes: int = Field(default=1_000, ge=1)
-    max_work_attempts: int = Field(default=1_000, ge=1)
-    max_plan_revisions: int = Field(default=32, ge=1)
+    max_expanded_nodes: int = Field(default=1_000, ge=1, le=MAX_LIMIT)
+    max_work_attempts: int = Field(default=1_000, ge=1, le=MAX_LIMIT)
+    max_plan_revisions: int = Field(default=32, ge=1, le=MAX_LIMIT)
 
 
 class Budgets(IntConfigModel):
-    """Optional budgets in addition to root limits; ``None`` means unbounded."""
+    """Optional budgets in addition to root limits; ``None`` means unbounded.
 
-    model_calls: int | None = Field(default=None, ge=0)
-    tool_calls: int | None = Field(default=None, ge=0)
-    input_tokens: int | None = Field(default=None, ge=0)
-    output_tokens: int | None = Field(default=None, ge=0)
+    Every limit here and in :class:`RootLimits` is at most ``2**63 - 1``: a task pins them as
+    JSON numbers every store keeps as int64."""
+
+    model_calls: int | None = Field(default=None, ge=0, le=MAX_LIMIT)
+    tool_calls: int | None = Field(default=None, ge=0, le=MAX_LIMIT)
+    input_tokens: int | None = Field(default=None, ge=0, le=MAX_LIMIT)
+    output_tokens: int | None = Field(default=None, ge=0, le=MAX_LIMIT)
 
 
 def counter_limits(limits: RootLimits, budgets: Budgets) -> dict[str, int | None]:

@@ -357,7 +357,16 @@ class ExecutionGraphRuntime:
                                                   message=exc.reason)], subject="input") from None
         validator = program.input_validator
         if validator is not None:
-            errors = list(validator.iter_errors(value))
+            try:
+                errors = list(validator.iter_errors(value))
+            except RecursionError:
+                # A recursive schema checks each level through several frames: plain JSON
+                # within the nesting bound can still exhaust the stack.
+                raise PlanValidationError([Diagnostic(
+                    path="$input", code="input_invalid",
+                    message="the input nests too deeply to be checked against the program's "
+                            "recursive input_schema; send flatter data")],
+                    subject="input") from None
             if errors:
                 raise PlanValidationError([
                     Diagnostic(path=json_path(e.absolute_path, "$input"),
