@@ -187,12 +187,15 @@ class HttpConnectorConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_reserved(self) -> HttpConnectorConfig:
-        reserved = {self.idempotency_header.lower(), "content-type", *_FRAMING}
+        # Accept too: the connector reads only JSON and asks for it on every request, so a
+        # static one was silently replaced (or, spelled in another case, sent twice).
+        reserved = {self.idempotency_header.lower(), "content-type", "accept", *_FRAMING}
         clash = sorted(n for n in self.headers if n.lower() in reserved)
         if clash:
             raise ValueError(f"headers must not set {', '.join(clash)}: the connector sets "
-                             "the key, the content type and the message framing per request, "
-                             "and hop-by-hop fields could let a proxy strip the key")
+                             "the key, the content type, Accept (it reads JSON only) and the "
+                             "message framing per request, and hop-by-hop fields could let a "
+                             "proxy strip the key")
         return self
 
     @property

@@ -59,6 +59,19 @@ def test_static_headers_cannot_set_framing_or_hop_by_hop_fields(name: str) -> No
         HttpActionConnector("http://api.test", headers={name: "chunked"})
 
 
+@pytest.mark.parametrize("name", ["Accept", "accept", "ACCEPT"])
+async def test_a_static_accept_is_refused_not_replaced_or_sent_twice(name: str) -> None:
+    # Before: "Accept" was silently replaced by the connector's application/json, and
+    # "accept" went out as a second Accept field beside it, on creates and lookups.
+    with pytest.raises(ConfigurationError, match="Accept"):
+        HttpActionConnector("http://api.test", headers={name: "text/html"})
+    async with raw_server(_answer) as (url, seen):
+        connector = HttpActionConnector(url, timeout_s=5, dispatch_attempts=1)
+        async with connector:
+            await connector.dispatch(make_request())
+    assert [v for f, v in seen[0].fields if f == "accept"] == ["application/json"]
+
+
 async def test_a_static_transfer_encoding_framed_requests_twice() -> None:
     # What the refusal above prevents, on the wire.
     async with raw_server(_answer) as (url, seen):
