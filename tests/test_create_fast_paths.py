@@ -110,3 +110,49 @@ def test_a_store_still_refuses_an_identity_that_is_not_the_headers() -> None:
     with pytest.raises(InvalidTransitionError, match="does not match the identity"):
         creation_entry(wrong)
     assert creation_entry(request).kind == "task_created"
+
+
+def test_each_task_runs_under_its_own_pinned_limits() -> None:
+    # Runs take their RootLimits/PlanLimits from a cache keyed by the pinned values: tasks
+    # that pin different limits must never share them, tasks that pin the same share one.
+    from bench._graphs import ROOT_LIMITS, catalog, chain
+
+    async def main() -> None:
+        runtime = ExecutionGraphRuntime(catalog=catalog(), store=InMemoryDurableTaskStore(),
+                                        limits=ROOT_LIMITS)
+        for key, width in (("a", 2), ("b", 3), ("c", 2)):
+            await runtime.create(key, chain(2), limits={"max_concurrent_work": width})
+        seen = {}
+        for key in ("a", "b", "c"):
+            await runtime.run(key)
+            header = await runtime.store.get_header(key)
+            assert header is not None
+            seen[key] = runtime.limits_for(header)
+        assert seen["a"].max_concurrent_work == 2 and seen["b"].max_concurrent_work == 3
+        assert seen["a"] is seen["c"] and seen["a"] is not seen["b"]
+
+    import asyncio
+    asyncio.run(main())
+
+
+def test_a_changed_descriptor_is_still_refused_at_run() -> None:
+    # The catalog compares a task's pinned descriptors with dumps it made once.
+    from agentium_graph import DescriptorMismatchError, HostCatalog, ToolBinding
+    from bench._graphs import ROOT_LIMITS, catalog, chain
+
+    async def main() -> None:
+        store = InMemoryDurableTaskStore()
+        first = ExecutionGraphRuntime(catalog=catalog(), store=store, limits=ROOT_LIMITS)
+        await first.create("k", chain(2))
+        changed = [b if b.id != "step" else ToolBinding.model_validate(
+            {**dict(b), "description": b.description,
+             "output_schema": {"type": "object", "required": ["value", "extra"]}})
+            for b in catalog()]
+        second = ExecutionGraphRuntime(catalog=HostCatalog(changed), store=store,
+                                       limits=ROOT_LIMITS)
+        with pytest.raises(DescriptorMismatchError, match="step"):
+            await second.run("k")
+        assert (await first.run("k")).status == "completed"
+
+    import asyncio
+    asyncio.run(main())

@@ -65,8 +65,12 @@ class HostCatalog:
         self._visiting: list[tuple[str, str]] = []
         for key in sorted(self._bindings):
             self.program_depth(self._bindings[key])
-        self._digest = digest([d.model_dump(mode="json") for _, d in
-                               sorted(self._descriptors.items())])
+        # Each descriptor's JSON form, made once: every run compares its task's pinned
+        # descriptors with these (never handed out: callers compare, they do not keep).
+        self._descriptor_json = {key: d.model_dump(mode="json")
+                                 for key, d in self._descriptors.items()}
+        self._digest = digest([self._descriptor_json[key]
+                               for key in sorted(self._descriptor_json)])
 
     def _check_agent_tools(self) -> None:
         tool_ids = {b.id for b in self._bindings.values() if isinstance(b, ToolBinding)}
@@ -150,6 +154,14 @@ class HostCatalog:
 
     def descriptor(self, binding_id: str, version: str) -> BindingDescriptor | None:
         return self._descriptors.get((binding_id, version))
+
+    def pins_same_descriptor(self, binding_id: str, version: str,
+                             pinned: dict[str, Any]) -> bool | None:
+        """Whether ``pinned`` (a descriptor's JSON form, as a task pinned it) is this
+        catalog's descriptor of ``binding_id`` ``version``; None when it has no such
+        binding."""
+        current = self._descriptor_json.get((binding_id, version))
+        return None if current is None else current == pinned
 
     def __iter__(self) -> Iterator[Binding]:
         return iter(self._bindings.values())

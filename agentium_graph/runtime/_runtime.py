@@ -110,6 +110,7 @@ from agentium_graph.store._requests import (
 
 log = logging.getLogger("agentium_graph.runtime")
 T = TypeVar("T")
+L = TypeVar("L", RootLimits, PlanLimits)
 
 # How much a runtime remembers of tasks it created (identities; header and nodes as written)
 # so that running them right after costs no reads: a bounded convenience, never required.
@@ -212,6 +213,7 @@ class ExecutionGraphRuntime:
         self.lookup_attempts = lookup_attempts
         self._active: dict[str, TaskRun] = {}
         self._root_limits: dict[str, RootLimits] = {}
+        self._limits_made: dict[tuple[type[Any], tuple[tuple[str, int], ...]], Any] = {}
         self._nested: dict[tuple[str, str, tuple[str, ...] | None], CompiledPlan] = {}
         self._compiled: dict[tuple[str, PlanLimits, tuple[str, ...] | None], CompiledPlan] = {}
         # Pinned identities by task key, each with its digest: an identity never changes
@@ -406,7 +408,8 @@ class ExecutionGraphRuntime:
         if planned:
             # Applying a pending cancel needs no planner, so no program either.
             program = find_program(self._programs, identity, required=header.cancel is None)
-            self._root_limits[identity.key] = RootLimits(**identity.root_limits)
+            self._root_limits[identity.key] = self._pinned_limits(RootLimits,
+                                                                  identity.root_limits)
         else:
             self._check_descriptors(identity)
             plan = self._compile(identity)
@@ -703,13 +706,13 @@ class ExecutionGraphRuntime:
             if only is not None and name not in only:
                 continue
             binding_id, _, version = name.rpartition("@")
-            current = self.catalog.descriptor(binding_id, version)
-            if current is None:
+            same = self.catalog.pins_same_descriptor(binding_id, version, pinned)
+            if same is None:
                 raise DescriptorMismatchError(
                     f"task {identity.key!r} pinned binding {binding_id!r} version "
                     f"{version!r}, which this catalog no longer registers; register it again "
                     "to recover the task", details={"binding": binding_id, "version": version})
-            if current.model_dump(mode="json") != pinned:
+            if not same:
                 raise DescriptorMismatchError(
                     f"task {identity.key!r} pinned a different descriptor for binding "
                     f"{binding_id!r} version {version!r}; behavior changes need a new version, "
@@ -718,9 +721,23 @@ class ExecutionGraphRuntime:
 
     def _compile(self, identity: TaskIdentity) -> CompiledPlan:
         assert identity.plan is not None
-        self._root_limits[identity.key] = RootLimits(**identity.root_limits)
-        return self.compile_plan(identity.plan, PlanLimits(**identity.plan_limits),
+        self._root_limits[identity.key] = self._pinned_limits(RootLimits, identity.root_limits)
+        return self.compile_plan(identity.plan,
+                                 self._pinned_limits(PlanLimits, identity.plan_limits),
                                  identity.grants, str(identity.program.get("plan_digest")))
+
+    def _pinned_limits(self, cls: type[L], pinned: dict[str, int]) -> L:
+        """``cls(**pinned)``, made once per distinct pinned value (tasks of one program pin
+        the same limits; validating them again on every run is wasted work)."""
+        key = (cls, tuple(sorted(pinned.items())))
+        made = self._limits_made.get(key)
+        if made is None:
+            made = cls(**pinned)
+            if len(self._limits_made) >= 256:
+                self._limits_made.pop(next(iter(self._limits_made)))
+            self._limits_made[key] = made
+        assert isinstance(made, cls)
+        return made
 
     def compile_plan(self, plan: dict[str, Any], limits: PlanLimits, grants: tuple[str, ...] | None,
               plan_digest: str) -> CompiledPlan:
