@@ -20,18 +20,17 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from agentium_graph.errors import ConfigurationError, StoreError
 from agentium_graph.store._protocol import DurableTaskStore
 
-__all__ = ["ACCEPTED_FORMS", "DEFAULT_MONGODB_DATABASE", "StoreURI", "open_store_uri",
-           "parse_store_uri", "redact"]
+__all__ = ["ACCEPTED_FORMS", "StoreURI", "open_store_uri", "parse_store_uri", "redact"]
 
 ACCEPTED_FORMS = ("sqlite:///relative/path.db, sqlite:////absolute/path.db, "
                   "mongodb://host[:port]/[database], mongodb+srv://host/[database]")
-DEFAULT_MONGODB_DATABASE = "agentium"
 
 _SQLITE_PREFIX = "sqlite:///"
 _MONGO_SCHEMES = ("mongodb", "mongodb+srv")
@@ -71,7 +70,11 @@ def parse_store_uri(uri: str, *, database: str | None = None) -> StoreURI:
     """Parse ``uri`` without any I/O; raise ConfigurationError naming the accepted forms.
 
     ``database`` overrides the MongoDB database named in the URI path; it is rejected
-    for SQLite, where it would silently mean nothing.
+    for SQLite, where it would silently mean nothing. The MongoDB database is the one
+    ``MongoDBDurableTaskStore(uri, database=database)`` uses (``database``, else the URI's
+    path as pymongo reads it, else ``agentium``): the store's package decides it, so a
+    worker and the CLI given the same URI use the same database, and without that package
+    a MongoDB URI raises StoreError saying which package to install.
     """
     if not isinstance(uri, str) or not uri.strip():
         raise _bad(str(uri), "it is empty")
@@ -125,10 +128,8 @@ def parse_store_uri(uri: str, *, database: str | None = None) -> StoreURI:
             raise _bad(uri, "the user name before '@' is empty; write user:password@host, "
                             "or leave out the '@' to connect without credentials")
         _check_mongodb_options(uri, parts.query)
-        name = database if database is not None else (
-            unquote(parts.path.lstrip("/")) or DEFAULT_MONGODB_DATABASE)
-        if not name or "/" in name or any(c in name for c in ' ."$\\\0'):
-            raise _bad(uri, f"{name!r} is not a valid MongoDB database name")
+        module = _store_module("agentium_graph_mongodb", "agentium-graph-mongodb")
+        name: str = module.MongoDBDurableTaskStore.database_for(uri, database)
         return StoreURI(scheme="mongodb", uri=uri, database=name)
     raise _bad(uri, f"unknown scheme {scheme!r}")
 
@@ -206,18 +207,23 @@ def open_store_uri(uri: str, *, database: str | None = None, must_exist: bool = 
     # As for SQLite: a read-only store only reads, and neither creates a database that holds
     # no store (a typo'd name) nor writes to one; must_exist refuses such a database.
     options = {"read_only": True} if read_only else {"create": False} if must_exist else {}
-    store = cls(parsed.uri, database=parsed.database, **retries, **options)
+    # The caller's database (None: the URI's): the store resolves it as parse_store_uri did.
+    store = cls(parsed.uri, database=database, **retries, **options)
     return store
 
 
 def _store_class(module: str, name: str,
                  distribution: str) -> Callable[..., DurableTaskStore]:
+    found: Callable[..., DurableTaskStore] = getattr(_store_module(module, distribution), name)
+    return found
+
+
+def _store_module(module: str, distribution: str) -> ModuleType:
     # importlib keeps store packages (and their drivers) optional for the core and mypy.
     try:
-        found: Callable[..., DurableTaskStore] = getattr(importlib.import_module(module), name)
+        return importlib.import_module(module)
     except ImportError as exc:
         cause = "" if exc.name == module else f" (importing it failed: {exc})"
         raise StoreError(
             f"this store needs the {distribution} package{cause}; install it with "
             f"`pip install {distribution}`", details={"package": distribution}) from None
-    return found

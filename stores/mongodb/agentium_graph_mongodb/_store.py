@@ -57,6 +57,7 @@ from agentium_graph_mongodb._codec import (
     TASKS,
     check_version,
 )
+from agentium_graph_mongodb._database import check_database_name, resolve_database
 from agentium_graph_mongodb._doc import DocCache
 from agentium_graph_mongodb._errors import (
     RedoSideWrites,
@@ -78,9 +79,6 @@ DEFAULT_WRITE_CONCERN = WriteConcern(w="majority", j=True)
 #: under MongoDB's 16 MiB (16,777,216 bytes) document limit.
 MAX_BLOB_BYTES = 16 * 1024 * 1024 - 64 * 1024
 _MAX_SECONDS = 1_000_000.0  # timeouts beyond ~11 days are mistakes, and overflow the driver
-_DB_NAME_FORBIDDEN = '/\\. "$*<>:|?\x00'
-_DB_NAME_MAX_BYTES = 63
-_SYSTEM_DATABASES = frozenset({"admin", "local", "config"})
 #: Decoding options the store reads with, whatever the client's own (a client created
 #: with document_class=RawBSONDocument or tz_aware=True works the same).
 _CODEC_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(document_class=dict)
@@ -123,6 +121,15 @@ class MongoDBDurableTaskStore:
     from another raises :class:`~agentium_graph.ConfigurationError`). ``database``: the
     database holding the store's collections (``tasks``, ``journal``, ``blobs``, ``meta``);
     give the store one of its own (MongoDB's ``admin``, ``local`` and ``config`` are refused).
+    Without ``database``, the store uses the database the URI names, as pymongo reads it
+    (``get_default_database()``: the path, percent-decoded, up to its first ``.``; for a
+    client, the URI it was created with), else ``agentium``: ``"mongodb://h/orders"`` is the
+    database ``orders``, as it is for the ``agentium-graph`` CLI and :meth:`database_for`.
+    The path also names the database to authenticate against unless the URI sets
+    ``authSource``; a path naming ``admin`` (``mongodb://user:pw@h/admin``) is refused like
+    ``database="admin"``: write ``mongodb://user:pw@h/?authSource=admin`` and pass
+    ``database=`` (or put the store's database in the path). :attr:`database_name` is the
+    database used.
 
     Works on a standalone ``mongod``, a replica set and a sharded cluster (the task key is
     the ``_id`` of its task document and a valid shard key) without multi-document
@@ -175,13 +182,14 @@ class MongoDBDurableTaskStore:
     """
 
     def __init__(self, uri_or_client: str | AsyncMongoClient[dict[str, Any]], *,
-                 database: str = "agentium",
+                 database: str | None = None,
                  write_concern: WriteConcern = DEFAULT_WRITE_CONCERN,
                  server_selection_timeout_s: float = 5.0, connect_timeout_s: float = 5.0,
                  socket_timeout_s: float = 20.0, retries: int = 3,
                  retry_max_wait_s: float = 1.0, cas_attempts: int = 20,
                  cache_size: int = 256, read_only: bool = False, create: bool = True) -> None:
-        _check_database_name(database)
+        if database is not None:
+            check_database_name(database)
         check_flags(read_only=read_only, create=create)
         self._read_only = read_only
         self._create = create and not read_only
@@ -195,7 +203,6 @@ class MongoDBDurableTaskStore:
             ("connect_timeout_s", connect_timeout_s),
             ("socket_timeout_s", socket_timeout_s),
             ("retry_max_wait_s", retry_max_wait_s))}
-        self._database_name = database
         self._write_concern = write_concern
         self._retries = _count("retries", retries, 0)
         self._cas_attempts = _count("cas_attempts", cas_attempts, 1)
@@ -215,7 +222,9 @@ class MongoDBDurableTaskStore:
             self._spare = _client_from_uri(uri_or_client, *self._client_options)
             self._uri = uri_or_client
             self._owns_client = True
-            self._where = f"{_redact(uri_or_client)} database {database!r}"
+            self._database_name = resolve_database(self._spare, database,
+                                                   source=_source(uri_or_client))
+            self._where = f"{_redact(uri_or_client)} database {self._database_name!r}"
         elif isinstance(uri_or_client, AsyncMongoClient):
             document_class = uri_or_client.codec_options.document_class
             if not (isinstance(document_class, type) and issubclass(document_class, dict)):
@@ -224,9 +233,11 @@ class MongoDBDurableTaskStore:
                     f"dict (the default), got document_class={document_class.__name__}; "
                     "create the client without document_class, or pass a mongodb:// URI",
                     details={"argument": "uri_or_client"})
+            self._database_name = resolve_database(uri_or_client, database,
+                                                   source=_source(uri_or_client))
             self._given = uri_or_client
             self._owns_client = False
-            self._where = f"database {database!r}"
+            self._where = f"database {self._database_name!r}"
         else:
             raise ConfigurationError(
                 "MongoDBDurableTaskStore needs a mongodb:// URI or a pymongo AsyncMongoClient, "
@@ -249,7 +260,29 @@ class MongoDBDurableTaskStore:
 
     @property
     def database_name(self) -> str:
+        """The database the store uses (``database``, else the URI's, else ``agentium``)."""
         return self._database_name
+
+    @staticmethod
+    def database_for(uri_or_client: str | AsyncMongoClient[dict[str, Any]],
+                     database: str | None = None) -> str:
+        """The database a store constructed with these arguments uses, without any I/O;
+        raises :class:`~agentium_graph.ConfigurationError` as the constructor would (a bad
+        URI, an invalid name, one of MongoDB's own databases). The ``agentium-graph`` CLI
+        resolves ``--store`` and ``--database`` with it."""
+        if database is not None:
+            check_database_name(database)
+            return database
+        if isinstance(uri_or_client, str):
+            # Only parsed: a client does no I/O until used and, never opened, needs no close.
+            client = _client_from_uri(uri_or_client, 5.0, 5.0, 20.0)
+        elif isinstance(uri_or_client, AsyncMongoClient):
+            client = uri_or_client
+        else:
+            raise ConfigurationError(
+                "database_for needs a mongodb:// URI or a pymongo AsyncMongoClient, got "
+                f"{type(uri_or_client).__name__}", details={"argument": "uri_or_client"})
+        return resolve_database(client, None, source=_source(uri_or_client))
 
     @property
     def write_concern(self) -> WriteConcern:
@@ -628,34 +661,11 @@ def _count(name: str, value: object, minimum: int) -> int:
     return int(value)
 
 
-def _check_database_name(name: object) -> None:
-    """MongoDB's rules for database names, checked before any I/O."""
-    problem = None
-    if not isinstance(name, str):
-        problem = f"must be a string, got {type(name).__name__}"
-    elif not name:
-        problem = "is empty"
-    elif name.lower() in _SYSTEM_DATABASES:
-        raise ConfigurationError(
-            f"database={name!r} is one of MongoDB's own databases (admin, local, config): "
-            "'local' is never replicated (a failover would lose every task), 'config' holds "
-            "a sharded cluster's metadata and 'admin' its users. Give the store a database "
-            "of its own, for example database='agentium'", details={"argument": "database"})
-    elif bad := sorted({c for c in name if c in _DB_NAME_FORBIDDEN}):
-        problem = f"contains {', '.join(repr(c) for c in bad)}"
-    else:
-        try:
-            size = len(name.encode("utf-8"))
-        except UnicodeEncodeError:
-            problem = "is not valid Unicode text"
-        else:
-            if size > _DB_NAME_MAX_BYTES:
-                problem = f"is {size} bytes long (MongoDB allows {_DB_NAME_MAX_BYTES})"
-    if problem is not None:
-        raise ConfigurationError(
-            f"invalid MongoDB database name {bounded(repr(name), 100)} (database=...): it "
-            f"{problem}; use at most {_DB_NAME_MAX_BYTES} bytes of letters, digits, '_' or "
-            "'-'", details={"argument": "database"})
+def _source(uri_or_client: object) -> str:
+    """Where a database named by a URI's path came from, for messages (no password)."""
+    if isinstance(uri_or_client, str):
+        return f"MongoDB URI {_redact(uri_or_client)!r}"
+    return "the URI of the given AsyncMongoClient"
 
 
 def _client_from_uri(uri: str, server_selection_timeout_s: float, connect_timeout_s: float,
