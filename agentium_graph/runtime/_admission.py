@@ -7,6 +7,13 @@ deadline passes while it is queued. Persisted counters are charged by the caller
 same commit that records the attempt, before anything is dispatched. An effect gives its
 permit up while it only looks up what happened and queues again (``reacquire``) before a
 dispatch that follows the lookup.
+
+A permit bound to the task that does its work (:meth:`AdmissionController.bind`: a provider
+call, a node's task) is released when that task really ends: a call abandoned after a
+cancel (it swallowed the ``CancelledError``) keeps its slot while it goes on, so abandoned
+work never lets more than ``max_concurrent_work`` calls run at once. Once the run stops
+(:meth:`~AdmissionController.reject_all`) nothing queues any more: a request no permit is
+free for is rejected at once, so a stopping run never waits for a slot held by such a call.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ class Ticket:
     granted: bool = False
     released: bool = False
     wait_span: Any = field(default=None, repr=False)  # open while it waits (when tracing)
+    work: asyncio.Future[Any] | None = field(default=None, repr=False)  # bind()
 
 
 class AdmissionController:
@@ -47,6 +55,7 @@ class AdmissionController:
         self._on_event = on_event
         self._active = 0
         self._queue: deque[Ticket] = deque()
+        self._closed: str | None = None  # why the run stopped: nothing queues any more
         self._held: list[AdmissionEvent] | None = None  # events not reported yet
 
     def hold_events(self) -> None:
@@ -106,6 +115,11 @@ class AdmissionController:
     def _enqueue(self, ticket: Ticket) -> None:
         self._queue.append(ticket)
         self._grant_waiting()
+        if not ticket.granted and self._closed is not None:
+            self._queue.remove(ticket)
+            self.emit("rejected", ticket.node_id, reason=self._closed)
+            ticket.future.cancel()
+            return
         if not ticket.granted:
             self.emit("queued", ticket.node_id)
             ticket.wait_span = start_span("agentium_graph.admission.wait", {
@@ -145,6 +159,7 @@ class AdmissionController:
         if ticket.granted and not ticket.released:
             return  # it still holds its permit
         ticket.granted = ticket.released = False
+        ticket.work = None
         ticket.future = asyncio.get_running_loop().create_future()
         self._enqueue(ticket)
         await self._granted(ticket)
@@ -171,8 +186,17 @@ class AdmissionController:
         if not ticket.future.done():
             ticket.future.cancel()
 
+    def bind(self, ticket: Ticket, work: asyncio.Future[Any]) -> None:
+        """The permit of ``ticket`` covers ``work``: releasing it before ``work`` ended
+        releases it when ``work`` ends instead (an abandoned call keeps its slot)."""
+        ticket.work = work
+
     def release(self, ticket: Ticket) -> None:
         if not ticket.granted or ticket.released:
+            return
+        work = ticket.work
+        if work is not None and not work.done():
+            work.add_done_callback(lambda _w: self.release(ticket))
             return
         ticket.released = True
         self._active -= 1
@@ -182,7 +206,9 @@ class AdmissionController:
             self._grant_waiting()
 
     def reject_all(self, reason: str) -> None:
-        """Reject every queued waiter (cancellation, deadline, failure)."""
+        """Reject every queued waiter (cancellation, deadline, failure), and from now on
+        every request no permit is free for: a stopping run queues no new work."""
+        self._closed = reason
         while self._queue:
             ticket = self._queue.popleft()
             _end_wait(ticket, "rejected")

@@ -25,6 +25,7 @@ lost, store failure) cancels that call too, like an effect node's; the next run 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 from collections.abc import Callable, Coroutine
@@ -324,7 +325,10 @@ async def fetch_response(run: TaskRun, caller: ModelCaller, request: ModelReques
             await run.submit([Charge(admission_id=adm, node_id=caller.node_id, charges={
                 "model_calls": 1, "work_attempts": 1, "input_tokens": estimate_in,
                 "output_tokens": reserve_out})])
-            response = await _invoke_provider(caller, request)
+            # The permit is released when the call really ends (bind): one abandoned
+            # after a cancel it swallowed keeps its slot while it goes on.
+            response = await _invoke_provider(
+                caller, request, functools.partial(run.admission.bind, ticket))
             break
         except IncompleteStreamError:
             if attempt + 1 == STREAM_ATTEMPTS:
@@ -442,7 +446,8 @@ async def _model_call(run: TaskRun, spec: NodeSpec, incarnation: str, agent: Any
     return fetched.response
 
 
-async def _invoke_provider(caller: ModelCaller, request: ModelRequest) -> ModelResponse:
+async def _invoke_provider(caller: ModelCaller, request: ModelRequest,
+                           started: Callable[[asyncio.Task[Any]], None]) -> ModelResponse:
     """One provider call, bounded by ``caller.timeout``, its response checked whole
     (:func:`check_response`: a malformed one is a typed error before anything is
     journaled).
@@ -451,11 +456,11 @@ async def _invoke_provider(caller: ModelCaller, request: ModelRequest) -> ModelR
     the caller is canceled (task cancel, deadline, a stop of the run), that task is canceled
     and given :data:`_abandon.GRACE` seconds to end; a provider that swallows the
     cancellation is then abandoned (logged), so it cannot hold the node, and the task,
-    running forever."""
+    running forever. ``started`` is given that task (its permit lasts as long)."""
     # The provider's own errors (its transport's TimeoutError too) as they are.
     response = await _abandon.call(_provider_call(caller, request), caller.timeout,
                                    _who(caller, provider=True),
-                                   name=f"model-call:{caller.incarnation}")
+                                   name=f"model-call:{caller.incarnation}", started=started)
     if response is None:
         raise ProviderTimeoutError(
             f"the model call {'stream' if caller.stream else 'request'} of "
