@@ -25,7 +25,7 @@ from pydantic import (
     model_serializer,
 )
 
-from agentium_graph.errors import DataIntegrityError, ErrorInfo, StoreSchemaError
+from agentium_graph.errors import DataIntegrityError, ErrorInfo, StoreSchemaError, valid_text
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import TaskHeader
 from agentium_graph.store._requests import ListTasksRequest
@@ -51,7 +51,8 @@ def clip(text: str, limit: int = CLIP_CHARS) -> str:
 
 class DamagedTask(BaseModel):
     """``list --json``: a task whose stored header cannot be read, with the store's error
-    (``inspect KEY`` shows it in full)."""
+    (``inspect KEY`` shows it in full). ``reason``: the damaged field and what is wrong with
+    it, at most :data:`CLIP_CHARS` characters (the table's ``problem`` cell)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -212,9 +213,16 @@ def _damaged_key(exc: StoreSchemaError | DataIntegrityError, cursor: str | None)
 
 
 def _reason(exc: StoreSchemaError | DataIntegrityError) -> str:
-    """Why the header cannot be read, in a few words (the error's message has it all)."""
+    """Why the header cannot be read, in at most :data:`CLIP_CHARS` characters (the error's
+    message has it all): the damaged field and what is wrong with it when the store says
+    (``details["problem"]``, as the MongoDB store does), else read from the pydantic error
+    that caused it (the SQLite store's)."""
     if exc.details.get("newer") or "schema_version" in exc.details:
         return "unknown fields or values: written by a newer version?"
+    problem = exc.details.get("problem")
+    if isinstance(problem, str) and problem.strip():
+        # Shown as it is: the table and the error: line escape control characters.
+        return clip(valid_text(problem))
     cause = exc.__cause__
     if isinstance(cause, ValidationError):
         problems = cause.errors(include_url=False, include_input=False)
