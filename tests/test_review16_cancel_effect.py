@@ -193,10 +193,10 @@ async def test_an_agents_effect_call_that_ignores_a_stop_is_abandoned_after_its_
 
     tool = StubbornTool(swallows=True)
     run: Any = SimpleNamespace(lost=None, stop=None if stop is None else
-                               SimpleNamespace(reason=stop))
+                               SimpleNamespace(reason=stop), running={})
     caplog.set_level(logging.WARNING, logger="agentium_graph")
     waiting = asyncio.create_task(_unpreempted(run, tool({}), "the call c1 of node 'n'",
-                                               name="effect:k:n:c1"))
+                                               name="effect:k:n:c1", node_id="n"))
     try:
         await asyncio.sleep(0)
         waiting.cancel()

@@ -129,14 +129,26 @@ async def stop_all(tasks: list[asyncio.Task[Any]], who: str) -> None:
     itself, so only code that swallows cancellation is reported); one still running then
     is abandoned with a warning, so a tool that swallows cancellation cannot hold ``run()``
     open. Nothing it returns later is used: the run that launched it has ended."""
-    grace = 3 * GRACE
+    grace = overdue()
     left, held = await _cancel_within_grace(tasks, grace)
     for task in left:
-        log.warning("%s: %s did not end within %g s of being canceled: it swallows "
-                    "cancellation (a tool must let CancelledError propagate); it is "
-                    "abandoned and its result is ignored", who, task.get_name(), grace)
+        abandoned(f"{who}: {task.get_name()}", grace)
     if held is not None:
         raise held
+
+
+def overdue() -> float:
+    """Seconds a canceled node's task (or a planner's) gets to end before it is abandoned:
+    three times :data:`GRACE`, as it may first stop a provider or connector call, which
+    gets one grace itself (an agent waiting for its effect call, two)."""
+    return 3 * GRACE
+
+
+def abandoned(who: str, grace: float) -> None:
+    """Log that the node task ``who`` was abandoned after ``grace`` seconds."""
+    log.warning("%s did not end within %g s of being canceled: it swallows cancellation "
+                "(a tool must let CancelledError propagate); it is abandoned and its result "
+                "is ignored", who, grace)
 
 
 async def _cancel_within_grace(tasks: list[asyncio.Task[Any]], grace: float) -> tuple[

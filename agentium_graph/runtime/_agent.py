@@ -518,7 +518,7 @@ async def _tool_call(run: TaskRun, spec: NodeSpec, tools: dict[str, ToolBinding]
                                   f"the call {key} of tool {tool.id!r} by agent node "
                                   f"{spec.id!r} of task {run.key!r} through "
                                   f"{_abandon.named('connector', tool.connector)}",
-                                  name=f"effect:{run.key}:{spec.id}:{key}")
+                                  name=f"effect:{run.key}:{spec.id}:{key}", node_id=spec.id)
     return await _journal(run, spec, tool, call, key,
                           await _pure_call(run, spec, tool, call, key))
 
@@ -532,7 +532,7 @@ async def _effect_tool(run: TaskRun, spec: NodeSpec, sub: NodeSpec, call: ToolCa
 
 
 async def _unpreempted(run: TaskRun, work: Coroutine[Any, Any, Any], who: str, *,
-                       name: str) -> Any:
+                       name: str, node_id: str) -> Any:
     """Await ``work`` (an effect call and its journaling) in a task of its own that a stop
     of the run does not cancel: accepted remote work must still get its receipt (or its
     failed dispatch a reconciliation). When the agent was canceled meanwhile, the
@@ -541,18 +541,26 @@ async def _unpreempted(run: TaskRun, work: Coroutine[Any, Any, Any], who: str, *
     (it abandons its work), cancels ``work`` as an effect node's would be, and waits for
     it at most twice :data:`_abandon.GRACE` (the dispatch or lookup in it gets one grace
     itself): ``work`` still running then is abandoned (a warning naming ``who``), and the
-    action stays ``dispatching`` for the next run to reconcile."""
+    action stays ``dispatching`` for the next run to reconcile. Meanwhile a live stop does
+    not abandon the agent itself (``effects`` of its running node)."""
     inner = asyncio.create_task(work, name=name)
     stopping: asyncio.CancelledError | None = None
-    while not inner.done():
-        try:
-            await asyncio.wait({inner})
-        except asyncio.CancelledError as exc:
-            if stopping is not None or not _effects_settle(run):
-                await _abandon.stop(inner, who, "the run abandons its work",
-                                    party=_abandon.CONNECTOR, grace=2 * _abandon.GRACE)
-                raise
-            stopping = exc
+    node = run.running.get(node_id)
+    if node is not None:
+        node.effects += 1
+    try:
+        while not inner.done():
+            try:
+                await asyncio.wait({inner})
+            except asyncio.CancelledError as exc:
+                if stopping is not None or not _effects_settle(run):
+                    await _abandon.stop(inner, who, "the run abandons its work",
+                                        party=_abandon.CONNECTOR, grace=2 * _abandon.GRACE)
+                    raise
+                stopping = exc
+    finally:
+        if node is not None:
+            node.effects -= 1
     if stopping is None or inner.cancelled() or inner.exception() is not None:
         return inner.result()
     raise stopping

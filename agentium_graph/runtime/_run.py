@@ -40,7 +40,6 @@ from agentium_graph.errors import (
 from agentium_graph.plan._validate import CompiledPlan, resolve_args
 from agentium_graph.runtime import _containers as containers
 from agentium_graph.runtime import _effects as effects
-from agentium_graph.runtime._abandon import stop_all
 from agentium_graph.runtime._admission import AdmissionController, Ticket
 from agentium_graph.runtime._agent import (
     MODEL_KIND,
@@ -61,6 +60,8 @@ from agentium_graph.runtime._planner import install_revisions, plan_task
 from agentium_graph.runtime._states import RESTARTABLE
 from agentium_graph.runtime._stops import (
     Stop,
+    abandon_overdue,
+    abandon_running,
     begin_stop,
     check_recoverable,
     failure_stop,
@@ -101,6 +102,7 @@ class _Running:
     ticket: Ticket
     ctx: ToolContext
     task: asyncio.Task[Outcome] | None = None
+    effects: int = 0  # an agent's effect calls in flight (never abandoned: _unpreempted)
 
 
 @dataclass(slots=True)
@@ -131,6 +133,17 @@ class _Submission:
     tombstone: tuple[str, ...] = ()  # nodes a plan revision removes: must still be unclaimed
     revision: bool = False           # a streamed plan revision: refused once the run stops
     clamp: bool = False              # usage that already happened: charged up to the limits
+    node: str | None = None          # the node that submitted it (None: the planner)
+
+
+def _submitter(steps: list[Step]) -> str | None:
+    """The node whose steps these are (the first step naming one), None for the planner's."""
+    for step in steps:
+        node = step.action.node_id if isinstance(step, RecordAction) else \
+            getattr(step, "node_id", None)
+        if node is not None:
+            return str(node)
+    return None
 
 
 class RevisionConflict(Exception):
@@ -202,6 +215,10 @@ class TaskRun:
         self.closed: set[str] = {n for n, r in self.nodes.items() if r.state in TERMINAL_NODE}
         self.wake = asyncio.Event()
         self.stop: Stop | None = None
+        # When a live stop abandons the node tasks it canceled that are still running
+        # (loop time; _stops.abandon_overdue).
+        self.overdue_at: float | None = None
+        self.ended = False  # run() is over: nothing is submitted any more
         self.lost: BaseException | None = None
         self.cancel_reason: str | None = None
         self.uncertain: list[str] = []
@@ -240,7 +257,7 @@ class TaskRun:
             keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await keeper
-            await self._abandon_running()
+            await abandon_running(self)
 
     async def _load_agent_records(self) -> None:
         after = 0
@@ -271,6 +288,7 @@ class TaskRun:
             if self.lost is not None:
                 raise self.lost
             observe_stop(self)
+            abandon_overdue(self)
             settle_planning(self)
             steps: list[Step] = []
             blobs: dict[str, str] = {}
@@ -315,11 +333,18 @@ class TaskRun:
         refused with :class:`RevisionConflict` if one of them was started meanwhile.
         ``clamp``: its charges are usage that already happened (a model's tokens beyond the
         reservation): charged up to what the limits leave in this commit, the rest added to
-        the ``usage_over_limit`` of its journal entry, never refused."""
+        the ``usage_over_limit`` of its journal entry, never refused.
+
+        A node's steps are refused (``CancelledError``) once the node is no longer running
+        in this run (a stop abandoned its task), and every submission once the run ended:
+        work that was given up on never commits anything."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.submissions.append(_Submission(steps, blobs or {}, future, tombstone, revision,
-                                            clamp))
-        self.wake.set()
+        if self.ended:
+            future.cancel()
+        else:
+            self.submissions.append(_Submission(steps, blobs or {}, future, tombstone,
+                                                revision, clamp, _submitter(steps)))
+            self.wake.set()
         await future
 
     def _drain_submissions(self, steps: list[Step], blobs: dict[str, str],
@@ -330,6 +355,9 @@ class TaskRun:
         for sub in queued:
             if sub.future.done():
                 continue  # its submitter was canceled: nothing of it is committed
+            if sub.node is not None and sub.node not in self.running:
+                sub.future.cancel()  # its node's task was abandoned: its late work is not
+                continue
             if halted and any(isinstance(step, Charge) for step in sub.steps):
                 sub.future.cancel()  # no new work is admitted once the task is stopping
                 continue
@@ -736,6 +764,9 @@ class TaskRun:
         deadline = self.header.deadline
         if deadline is not None and self.stop is None:
             timeout = max(0.0, (deadline - self.clock()).total_seconds())
+        if self.overdue_at is not None:
+            left = max(0.0, self.overdue_at - asyncio.get_running_loop().time())
+            timeout = left if timeout is None else min(timeout, left)
         for item in self.ready.values():
             if not item.ticket.future.done():
                 item.ticket.future.add_done_callback(lambda _f: self.wake.set())
@@ -763,17 +794,3 @@ class TaskRun:
                 continue
             if status.cancel is not None and self.cancel_reason is None:
                 self.request_cancel(status.cancel.reason)
-
-    async def _abandon_running(self) -> None:
-        """On an abnormal exit, stop callbacks we started; their work is not ours to settle."""
-        tasks: list[asyncio.Task[Any]] = [r.task for r in self.running.values()
-                                          if r.task is not None]
-        if self.planning is not None:
-            tasks.append(self.planning)
-            self.planning = None
-        for r in self.running.values():
-            r.ctx._cancel.set()
-            self.admission.release(r.ticket)
-        if tasks:
-            await stop_all(tasks, f"task {self.key!r}")
-        self.running.clear()

@@ -1,15 +1,19 @@
 """How a run stops: cancel, deadline, failure, an exhausted budget or an uncertain effect.
 
 A stop is decided once (the first cause wins), withdraws queued work, cancels what may be
-cancelled, and ends in one final commit that closes every open node and sets the task's
-status. The functions take the run whose loop calls them.
+cancelled, abandons what swallows that cancel past its grace (:func:`abandon_overdue`), and
+ends in one final commit that closes every open node and sets the task's status. A run that
+ends abnormally abandons what it leaves running (:func:`abandon_running`). The functions
+take the run whose loop calls them.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from agentium_graph.catalog._bindings import ToolBinding, is_async_callable
 from agentium_graph.errors import (
     AgentiumGraphError,
     BudgetExhaustedError,
@@ -23,7 +27,8 @@ from agentium_graph.errors import (
     StoreError,
     TaskCanceledError,
 )
-from agentium_graph.runtime._outcome import node_error
+from agentium_graph.runtime import _abandon
+from agentium_graph.runtime._outcome import Outcome, node_error
 from agentium_graph.store._requests import SetStatus, SettleNode, Step
 
 if TYPE_CHECKING:
@@ -119,6 +124,56 @@ def begin_stop(run: TaskRun, stop: Stop) -> None:
             running.ctx._cancel.set()
             if running.task is not None and _cancellable(run, running.node_id):
                 running.task.cancel()
+                run.overdue_at = asyncio.get_running_loop().time() + _abandon.overdue()
+
+
+def abandon_overdue(run: TaskRun) -> None:
+    """Abandon the node tasks a live stop (cancel, deadline) canceled that are still running
+    :func:`_abandon.overdue` seconds later: their code swallows the cancellation, and would
+    otherwise hold the stop, and ``run()``, for as long as it likes. Each is logged, settled
+    ``canceled`` like every node the stop closes, and keeps its root permit until it really
+    ends; what it returns or submits later is ignored (:meth:`TaskRun.submit` takes nothing
+    from a node that is no longer running). An agent waiting for its effect call in flight
+    is not abandoned: the effect is never preempted, and is bounded itself."""
+    until = run.overdue_at
+    if until is None or asyncio.get_running_loop().time() < until or run.lost is not None:
+        return
+    run.overdue_at = None
+    grace = _abandon.overdue()
+    for running in run.running.values():
+        task = running.task
+        if task is None or task.done() or running.effects or \
+                not _cancellable(run, running.node_id):
+            continue
+        _abandon.abandoned(f"task {run.key!r}: node {running.node_id!r} ({task.get_name()})",
+                           grace)
+        run.admission.bind(running.ticket, task)
+        run.finished.append((running.node_id, Outcome("canceled")))
+        run.wake.set()
+
+
+async def abandon_running(run: TaskRun) -> None:
+    """As a run ends: stop the node tasks (and the planner) still running (an abnormal exit:
+    lease lost, store failure, ``run()`` canceled); their work is not this run's to settle
+    (:func:`_abandon.stop_all`). Then the run is over: whatever abandoned work submits
+    later is refused, and nothing commits it."""
+    try:
+        tasks: list[asyncio.Task[Any]] = [r.task for r in run.running.values()
+                                          if r.task is not None]
+        if run.planning is not None:
+            tasks.append(run.planning)
+            run.planning = None
+        for r in run.running.values():
+            r.ctx._cancel.set()
+            run.admission.release(r.ticket)
+        if tasks:
+            await _abandon.stop_all(tasks, f"task {run.key!r}")
+        run.running.clear()
+    finally:
+        run.ended = True
+        for sub in run.submissions:
+            sub.future.cancel()
+        run.submissions.clear()
 
 
 def _cancellable(run: TaskRun, node_id: str) -> bool:
@@ -128,8 +183,13 @@ def _cancellable(run: TaskRun, node_id: str) -> bool:
     if spec is None:
         return False
     # An agent's model calls are cancellable; an effect call it has in flight runs to its
-    # end in a task of its own first (_agent._unpreempted). A pure tool is if it is async.
-    return spec.kind == "agent" or spec.is_async
+    # end in a task of its own first (_agent._unpreempted). A pure tool is if it is async:
+    # an ``async def`` (is_async), or an object whose ``__call__`` is one (is_async is only
+    # the former; such a tool's coroutine is awaited on the loop too, even when a thread
+    # made it, and a stop must reach it).
+    return spec.kind == "agent" or spec.is_async or (
+        isinstance(spec.binding, ToolBinding) and spec.binding.execute is not None and
+        is_async_callable(spec.binding.execute))
 
 
 def check_recoverable(run: TaskRun) -> None:
