@@ -8,7 +8,6 @@ admission, budgets and group commits cover every level.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -18,6 +17,7 @@ from agentium_graph.catalog._bindings import (
     GraphBinding,
     RepeatBinding,
     ToolBinding,
+    is_async_callable,
 )
 from agentium_graph.plan._validate import CompiledPlan, Ref
 
@@ -48,7 +48,9 @@ class NodeSpec:
     literal: bool = False         # args hold ``$literal`` wrappers (resolved like refs)
     # Derived from ``binding`` once, for the scheduler's per-node checks.
     kind: NodeKind = field(init=False, compare=False, repr=False)
-    # A tool whose ``execute`` is an ``async def`` (awaited on the loop, not in a thread).
+    # A tool whose ``execute`` gives an awaitable by declaration: an ``async def`` (also
+    # through ``functools.partial``) or an object whose ``__call__`` is one. It is awaited on
+    # the loop, not called in a thread, and a stop of the run cancels it.
     is_async: bool = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -56,7 +58,7 @@ class NodeSpec:
         object.__setattr__(self, "kind", node_kind(binding))
         object.__setattr__(self, "is_async", isinstance(binding, ToolBinding) and
                            binding.execute is not None and
-                           inspect.iscoroutinefunction(binding.execute))
+                           is_async_callable(binding.execute))
 
 
 @dataclass(slots=True)

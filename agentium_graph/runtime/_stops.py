@@ -13,7 +13,6 @@ import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from agentium_graph.catalog._bindings import ToolBinding, is_async_callable
 from agentium_graph.errors import (
     AgentiumGraphError,
     BudgetExhaustedError,
@@ -183,13 +182,9 @@ def _cancellable(run: TaskRun, node_id: str) -> bool:
     if spec is None:
         return False
     # An agent's model calls are cancellable; an effect call it has in flight runs to its
-    # end in a task of its own first (_agent._unpreempted). A pure tool is if it is async:
-    # an ``async def`` (is_async), or an object whose ``__call__`` is one (is_async is only
-    # the former; such a tool's coroutine is awaited on the loop too, even when a thread
-    # made it, and a stop must reach it).
-    return spec.kind == "agent" or spec.is_async or (
-        isinstance(spec.binding, ToolBinding) and spec.binding.execute is not None and
-        is_async_callable(spec.binding.execute))
+    # end in a task of its own first (_agent._unpreempted). A pure tool is if it is async
+    # (an ``async def``, a partial of one or an object whose ``__call__`` is one).
+    return spec.kind == "agent" or spec.is_async
 
 
 def check_recoverable(run: TaskRun) -> None:
