@@ -193,6 +193,12 @@ class OwnedStream:
         self._stopped = False  # set when the consumer stopped the task (cancel, timeout)
         self._task = asyncio.create_task(self._serve(), name=name)
 
+    @property
+    def task(self) -> asyncio.Task[None]:
+        """The task reading the stream: it ends with the stream, later than a stop gave up
+        on it when the provider swallowed the cancel (or never)."""
+        return self._task
+
     def _stopping(self) -> None:
         self._stopped = True
 

@@ -242,6 +242,9 @@ async def _one_stream(run: TaskRun, program: ExecutionGraphProgram, config: Plan
                              f"the planner stream of task {run.key!r} from "
                              f"{provider_name(config.provider)}",
                              name=f"planner-stream:{run.key}")
+        # The permit covers the provider's work for as long as it really runs: a stream
+        # abandoned still running keeps its root slot (as an agent's call does).
+        run.admission.bind(ticket, stream.task)
         clock = asyncio.get_running_loop().time
         progress = clock()  # the stream's start, then each committed frame
         seen = 0
