@@ -66,6 +66,7 @@ from agentium_graph.store._transitions import (
     request_cancel,
 )
 from agentium_graph_sqlite._errors import BadRecord, not_utf8_column
+from agentium_graph_sqlite._schema import check_not_upgraded
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -241,6 +242,7 @@ def write_txn(conn: sqlite3.Connection,
     """Run ``body`` inside ``BEGIN IMMEDIATE``; commit if it wrote, else roll back."""
     conn.execute("BEGIN IMMEDIATE")
     try:
+        check_not_upgraded(conn)
         writer = Writer(conn)
         result, wrote = body(writer)
         conn.execute("COMMIT" if wrote else "ROLLBACK")
@@ -257,6 +259,7 @@ def read_txn(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) 
     """Run several reads against one consistent snapshot."""
     conn.execute("BEGIN")
     try:
+        check_not_upgraded(conn)
         result = body(conn)
         conn.execute("COMMIT")
     except BaseException:

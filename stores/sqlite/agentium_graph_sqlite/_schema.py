@@ -379,11 +379,32 @@ def _prepare(conn: sqlite3.Connection, settings: Settings) -> None:
             conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         elif version == 1:
             _migrate_1_to_2(conn)
+        # In the header too, where every open connection's transactions look for it.
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+def check_not_upgraded(conn: sqlite3.Connection) -> None:
+    """Raise :class:`StoreSchemaError` when a newer agentium-graph-sqlite migrated the file
+    while this connection had it open. Called at the start of every write transaction and
+    every multi-statement read (a read of the file header: microseconds); the file is
+    checked and migrated only at open, and writing this version's rows into a newer schema
+    would corrupt it for the newer code.
+
+    Every schema since 2 records its version in the header's ``user_version`` as well as in
+    ``meta``, and every migration sets it: a later version must keep doing so."""
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > SCHEMA_VERSION:
+        raise StoreSchemaError(
+            f"this SQLite store's file was upgraded to store schema version {version} by a "
+            f"newer agentium-graph-sqlite while this process had it open (it supports "
+            f"{SCHEMA_VERSION}); nothing was changed: stop this process and upgrade "
+            "agentium-graph-sqlite to run it", details={
+                "schema_version": version, "supported": SCHEMA_VERSION})
 
 
 def _migrate_1_to_2(conn: sqlite3.Connection) -> None:

@@ -88,7 +88,7 @@ async def test_the_wal_starts_over_long_before_the_backstop(
             checkpointer = store._checkpointer
             if checkpointer is not None:
                 wake = checkpointer._shared.wake
-                await _until(lambda: not wake.is_set(), "the checkpointer took up a signal")
+                await _until(lambda w=wake: not w.is_set(), "the checkpointer took up a signal")
         assert store.stats.commits == 600
         assert _thread(store).is_alive()
     assert 0 < largest < bound
