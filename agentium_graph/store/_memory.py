@@ -69,13 +69,11 @@ from agentium_graph.store._requests import (
 )
 from agentium_graph.store._transitions import (
     Delta,
-    Needs,
     acquire_with_steps,
     apply_commit,
     creation_entry,
     identity_conflict,
     lease_expiry,
-    needs,
     release_lease,
     renew_lease,
     request_cancel,
@@ -237,9 +235,8 @@ class InMemoryDurableTaskStore:
     async def acquire_lease(self, request: AcquireLeaseRequest) -> LeaseGrant:
         await asyncio.sleep(0)
         task = self._task(request.key)
-        nodes, actions, charged = self._loaded(task, needs(request.steps))
-        header, journal, delta = acquire_with_steps(task.header, nodes, actions, charged,
-                                                    request)
+        header, journal, delta = acquire_with_steps(
+            task.header, task.nodes, task.actions, task.admissions.keys(), request)
         self._persist(task, header, journal, delta, request.blobs)
         snapshot = self._snapshot(task) if request.snapshot else None
         return LeaseGrant(fence=header.fence, expires_at=lease_expiry(request), header=header,
@@ -273,18 +270,12 @@ class InMemoryDurableTaskStore:
     async def commit(self, request: CommitRequest) -> CommitResult:
         await asyncio.sleep(0)
         task = self._task(request.key)
-        nodes, actions, charged = self._loaded(task, needs(request.steps))
-        delta = apply_commit(task.header, nodes, actions, charged, request)
+        # The whole task is at hand: the state machine reads the stored records themselves
+        # (it never changes what it is given), so nothing is gathered per commit.
+        delta = apply_commit(task.header, task.nodes, task.actions, task.admissions.keys(),
+                             request)
         self._persist(task, delta.header, delta.journal, delta, request.blobs)
         return delta.result()
-
-    @staticmethod
-    def _loaded(task: _Task, need: Needs) -> tuple[dict[str, NodeRecord],
-                                                   dict[str, ActionRecord], set[str]]:
-        # The stored records themselves: the transitions only read them.
-        nodes = {i: task.nodes[i] for i in need.node_ids if i in task.nodes}
-        actions = {i: task.actions[i] for i in need.action_ids if i in task.actions}
-        return nodes, actions, {i for i in need.admission_ids if i in task.admissions}
 
     def _persist(self, task: _Task, header: TaskHeader, journal: list[JournalEntry],
                  delta: Delta | None, blobs: dict[str, str]) -> None:

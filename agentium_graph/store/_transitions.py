@@ -8,6 +8,7 @@ nothing else having changed the header in between. Stores never re-implement the
 from __future__ import annotations
 
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -159,7 +160,7 @@ def check_fence(header: TaskHeader, worker_id: str, fence: int) -> None:
 
 class _Apply:
     def __init__(self, header: TaskHeader, nodes: dict[str, NodeRecord],
-                 actions: dict[str, ActionRecord], charged: set[str],
+                 actions: dict[str, ActionRecord], charged: AbstractSet[str],
                  request: CommitRequest) -> None:
         self.header = header
         self.nodes = nodes
@@ -454,11 +455,12 @@ class _Apply:
 
 
 def apply_commit(header: TaskHeader, nodes: dict[str, NodeRecord],
-                 actions: dict[str, ActionRecord], charged: set[str],
+                 actions: dict[str, ActionRecord], charged: AbstractSet[str],
                  request: CommitRequest) -> Delta:
     """Validate and apply every step of ``request`` in order; all or nothing.
 
-    ``nodes``/``actions``/``charged`` must hold at least what :func:`needs` names.
+    ``nodes``/``actions``/``charged`` must hold at least what :func:`needs` names (a store
+    that holds a whole task in memory may pass all of it: they are only read).
     Raises StaleFenceError, InvalidTransitionError or BudgetExhaustedError and changes
     nothing on failure.
     """
@@ -505,7 +507,7 @@ def acquire_lease(header: TaskHeader,
 
 
 def acquire_with_steps(header: TaskHeader, nodes: dict[str, NodeRecord],
-                       actions: dict[str, ActionRecord], charged: set[str],
+                       actions: dict[str, ActionRecord], charged: AbstractSet[str],
                        req: AcquireLeaseRequest) -> tuple[TaskHeader, list[JournalEntry],
                                                           Delta | None]:
     """:func:`acquire_lease`, then the request's ``steps`` (if any) under the new fence.
