@@ -25,6 +25,11 @@ __all__ = ["ModelProvider", "assemble_stream", "call_complete", "check_response"
            "check_stream_event", "check_tool_calls", "close_stream", "open_stream",
            "shape_problem"]
 
+# The most tokens one usage field may report: what every store keeps as a number (int64,
+# like every counter limit). More is no real call's usage, and neither its journal entry
+# nor the counters it is charged to could be stored.
+MAX_TOKENS = 2**63 - 1
+
 
 @runtime_checkable
 class ModelProvider(Protocol):
@@ -107,7 +112,8 @@ def _check_text(value: object, field: str, **details: Any) -> str:
 
 
 def _check_usage(usage: object, field: str) -> Usage:
-    """``usage`` if it is a :class:`Usage` of non-negative integers (reason ``bad_usage``)."""
+    """``usage`` if it is a :class:`Usage` of non-negative integers of at most
+    :data:`MAX_TOKENS` (reason ``bad_usage``)."""
     if not isinstance(usage, Usage):
         raise _malformed("bad_usage", f"{field} is a {type(usage).__name__}, not a Usage",
                          field=field)
@@ -116,6 +122,10 @@ def _check_usage(usage: object, field: str) -> Usage:
         if type(value) is not int or value < 0:
             raise _malformed("bad_usage", f"{field}.{name} is {value!r}, not a non-negative "
                              "integer", field=f"{field}.{name}")
+        if value > MAX_TOKENS:
+            raise _malformed("bad_usage", f"{field}.{name} is {value}, more than the "
+                             f"{MAX_TOKENS} (2**63 - 1) tokens a store can record",
+                             field=f"{field}.{name}")
     return usage
 
 
@@ -271,7 +281,19 @@ async def assemble_stream(events: AsyncIterable[StreamEvent]) -> ModelResponse:
     ids: set[str] = set()
     count = 0
     try:
-        async for event in events:
+        iterator = aiter(events)
+        while True:
+            # Stepped by hand: an __anext__ that returns no awaitable is the provider's
+            # fault (a MalformedResponseError), not a bare TypeError of 'async for'.
+            step: object = iterator.__anext__()
+            if not inspect.isawaitable(step):
+                raise _malformed("not_a_stream", f"the stream's __anext__() returned a "
+                                 f"{type(step).__name__}, not an awaitable; make stream() an "
+                                 "async generator that yields each StreamEvent")
+            try:
+                event = await step
+            except StopAsyncIteration:
+                break
             count += 1
             if isinstance(event, ToolCallDelta):
                 call = _check_call(event.call, len(calls))
@@ -348,10 +370,11 @@ async def call_complete(provider: Any, request: ModelRequest) -> ModelResponse:
 
 
 def open_stream(provider: Any, request: ModelRequest) -> AsyncIterator[StreamEvent]:
-    """``provider.stream(request)``, checked to be an async iterator (reason
-    ``not_a_stream``). Close it with :func:`close_stream`."""
+    """``provider.stream(request)``, checked to be an async iterator, with ``__aiter__``
+    and ``__anext__`` (reason ``not_a_stream``). Close it with :func:`close_stream`."""
     stream = provider.stream(request)
-    if callable(getattr(type(stream), "__anext__", None)):
+    if callable(getattr(type(stream), "__anext__", None)) and \
+            callable(getattr(type(stream), "__aiter__", None)):
         return stream  # type: ignore[no-any-return]
     if inspect.iscoroutine(stream):
         stream.close()  # never awaited: closed, so it is not reported as leaked

@@ -53,7 +53,12 @@ from agentium_graph.providers import (
     check_response,
 )
 from agentium_graph.providers._errors import ProviderTimeoutError, ResponseTooLargeError
-from agentium_graph.providers._protocol import call_complete, close_stream, open_stream
+from agentium_graph.providers._protocol import (
+    MAX_TOKENS,
+    call_complete,
+    close_stream,
+    open_stream,
+)
 from agentium_graph.runtime import _abandon
 from agentium_graph.runtime import _effects as effects
 from agentium_graph.runtime._blobs import read_verified
@@ -407,9 +412,11 @@ def clamp_usage(run: TaskRun, steps: list[Any], pending: dict[str, int]) -> list
         if isinstance(step, Charge):
             fitted: dict[str, int] = {}
             for name, amount in step.charges.items():
+                # An unlimited counter still stays what every store keeps (int64).
                 limit = run.header.limits.get(name)
+                limit = MAX_TOKENS if limit is None else limit
                 used = run.header.counters.get(name, 0) + pending.get(name, 0)
-                room = amount if limit is None else max(0, min(amount, limit - used))
+                room = max(0, min(amount, limit - used))
                 if room:
                     fitted[name] = room
                 if room < amount:
