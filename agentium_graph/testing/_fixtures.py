@@ -170,8 +170,15 @@ class TaskState:
 
 
 async def capture(store: DurableTaskStore, key: str) -> TaskState:
-    """Read a task's whole state, to compare before and after an operation."""
+    """Read a task's whole state, to compare before and after an operation.
+
+    The result holds deep copies of what the store handed out: a store whose reads leak
+    its own stored objects cannot make an earlier capture change along with its state.
+    """
     snapshot = await store.get_task(key)
     identity = await store.get_identity(key)
     timeline = tuple(await read_timeline(store, key)) if snapshot is not None else ()
+    snapshot = None if snapshot is None else snapshot.model_copy(deep=True)
+    identity = None if identity is None else identity.model_copy(deep=True)
+    timeline = tuple(entry.model_copy(deep=True) for entry in timeline)
     return TaskState(snapshot=snapshot, identity=identity, timeline=timeline)

@@ -157,6 +157,23 @@ class TaskTests(SuiteBase):
         listed[0].counters.clear()
         assert await capture(store, KEY) == before
 
+    async def test_a_created_task_keeps_no_object_of_its_request(
+            self, store: DurableTaskStore) -> None:
+        # Checked before any other write replaces the stored header: a store that kept
+        # the request's own header (or the header it returned) would show the change.
+        request = make_create_request(KEY, limits={"tool_calls": 5})
+        result = await store.create_task(request)
+        before = await capture(store, KEY)
+        request.header.counters["tool_calls"] = 99
+        request.header.limits["tool_calls"] = 0
+        result.header.counters["model_calls"] = 98
+        result.header.limits.clear()
+        assert await capture(store, KEY) == before
+        again = await store.create_task(make_create_request(KEY, limits={"tool_calls": 5}))
+        assert not again.created
+        again.header.counters.clear()
+        assert await capture(store, KEY) == before
+
     async def test_blobs_are_insert_if_absent(self, store: DurableTaskStore) -> None:
         first, second = '{"output":1}', '{"output":2}'
         d1, d2 = digest_text(first), digest_text(second)
