@@ -34,8 +34,13 @@ async def build_view(store: DurableTaskStore, snapshot: TaskSnapshot,
     elif (identity_digest or identity_digest_of(identity)) != \
             header.identity_digest:
         problems.append("identity record does not match the task's identity digest")
-    blobs = await read_verified(store, (n.output_digest for n in snapshot.nodes.values()
-                                        if n.output_digest))
+    # One read for every blob a run may load: node outputs and the receipts of confirmed
+    # actions (an agent's tool call replays its receipt, which no node output names).
+    actions = sorted(snapshot.actions.values(), key=lambda a: a.action_id)
+    blobs = await read_verified(store, [*(n.output_digest for n in snapshot.nodes.values()
+                                          if n.output_digest),
+                                        *(a.outcome_digest for a in actions
+                                          if a.outcome_digest)])
     views: dict[str, NodeView] = {}
     for node_id, rec in snapshot.nodes.items():
         output: Any = None
@@ -55,6 +60,13 @@ async def build_view(store: DurableTaskStore, snapshot: TaskSnapshot,
             "attempts": list(rec.attempts), "input_digest": rec.input_digest,
             "output": output, "output_digest": rec.output_digest, "error": rec.error},
             _NODE_VIEW_SET)
+    outputs = {n.output_digest for n in snapshot.nodes.values()}
+    for action in actions:
+        problem = blobs.problem(action.outcome_digest) if action.outcome_digest else None
+        if problem is not None and action.outcome_digest not in outputs:  # else: its node's
+            problems.append(f"action {action.action_id}: its receipt (outcome blob) is "
+                            + ("missing" if problem == "missing" else
+                               "damaged: it does not match its digest"))
     for name, value in header.counters.items():
         limit = header.limits.get(name)
         if limit is not None and value > limit:
@@ -67,7 +79,7 @@ async def build_view(store: DurableTaskStore, snapshot: TaskSnapshot,
         catalog_digest=identity.catalog_digest if identity else "",
         identity_digest=header.identity_digest, nodes=views, counters=dict(header.counters),
         limits=dict(header.limits),
-        actions=tuple(sorted(snapshot.actions.values(), key=lambda a: a.action_id)),
+        actions=tuple(actions),
         lease=header.lease, cancel=header.cancel, deadline=header.deadline, error=header.error,
         created_at=header.created_at, updated_at=header.updated_at, fence=header.fence,
         journal_length=header.journal_seq, verified=not problems, problems=tuple(problems),

@@ -74,8 +74,14 @@ async def resolve_action(store: DurableTaskStore, key: str, action_id: str,
         raise ConfigurationError("outcome must be ActionOutcome(...) or Absent()")
     verdict = "absent" if isinstance(outcome, Absent) else "outcome"
     # A first look without the lease: an already resolved action needs no lease at all.
-    if not _unresolved(await _snapshot(store, key), action_id, outcome, verdict):
+    first = await _snapshot(store, key)
+    if not _unresolved(first, action_id, outcome, verdict):
         return
+    # Check the attested output before taking the lease: a refused outcome must leave the
+    # task as it was (taking the lease journals it and raises the fence). The pinned schema
+    # and the action's origin never change, so the check holds under the lease too.
+    text = None if isinstance(outcome, Absent) else _checked_output(
+        key, first.actions[action_id], outcome, await store.get_identity(key))
     worker = f"operator:{actor}"
     try:
         grant = await store.acquire_lease(AcquireLeaseRequest(
@@ -101,8 +107,8 @@ async def resolve_action(store: DurableTaskStore, key: str, action_id: str,
         if not _unresolved(snapshot, action_id, outcome, verdict):
             return
         now = clock()
-        steps, blobs = await _steps(store, snapshot, action_id, outcome, verdict, actor,
-                                    grant.fence, now)
+        steps, blobs = _steps(snapshot, action_id, outcome, text, verdict, actor,
+                              grant.fence, now)
         try:
             await store.commit(CommitRequest(key=key, worker_id=worker, fence=grant.fence,
                                              now=now, steps=steps, blobs=blobs))
@@ -172,17 +178,18 @@ async def _superseded(store: DurableTaskStore, key: str, action_id: str,
         details={"key": key, "action_id": action_id, "retryable": True})
 
 
-async def _steps(store: DurableTaskStore, snapshot: TaskSnapshot, action_id: str,
-                 outcome: ActionOutcome | Absent, verdict: str, actor: str, fence: int,
-                 now: datetime) -> tuple[tuple[Step, ...], dict[str, str]]:
-    """The steps (and blobs) that record the resolution of the uncertain ``action_id``."""
+def _steps(snapshot: TaskSnapshot, action_id: str, outcome: ActionOutcome | Absent,
+           text: str | None, verdict: str, actor: str, fence: int,
+           now: datetime) -> tuple[tuple[Step, ...], dict[str, str]]:
+    """The steps (and blobs) that record the resolution of the uncertain ``action_id``;
+    ``text``: the checked canonical output of an ``ActionOutcome``."""
     key = snapshot.header.key
     action = snapshot.actions[action_id]
     resolution = {"actor": actor, "verdict": verdict, "at": now.isoformat()}
     steps: list[Step] = []
     blobs: dict[str, str] = {}
     if isinstance(outcome, ActionOutcome):
-        text = _checked_output(key, action, outcome, await store.get_identity(key))
+        assert text is not None
         out_digest = digest_text(text)
         blobs[out_digest] = text
         steps.append(RecordAction(action=action.model_copy(update={

@@ -557,9 +557,9 @@ class ExecutionGraphRuntime:
         Canceling an ended task changes nothing; the first reason recorded wins.
         """
         check_key(key)
-        if not isinstance(reason, str) or not reason:
-            raise ConfigurationError(f"cancel needs a reason: a non-empty string, not "
-                                     f"{kind(reason)}")
+        if not isinstance(reason, str) or not reason.strip():
+            raise ConfigurationError(f"cancel needs a reason: a non-blank string saying why "
+                                     f"(it is journaled), not {kind(reason)}")
         check_text("cancel reason", reason)
         await self._header(key)
         self._forget_fresh(key)  # a run started from create's state would not see it
@@ -615,6 +615,7 @@ class ExecutionGraphRuntime:
     async def admission_snapshot(self, key: str) -> AdmissionSnapshot:
         """The task's counters against their limits and its admission queue (its depth and
         the permits held, when this runtime is running it)."""
+        check_key(key)
         header = await self._header(key)
         run = self._active.get(key)
         return AdmissionSnapshot(
@@ -630,8 +631,18 @@ class ExecutionGraphRuntime:
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 1000:
             raise ConfigurationError(f"limit must be an int between 1 and 1000, not "
                                      f"{kind(limit)}")
+        if cursor is not None and not isinstance(cursor, str):
+            raise ConfigurationError(
+                f"cursor must be None or a next_cursor string returned by timeline(), not "
+                f"{kind(cursor)}")
         header = await self._header(key)
         after = decode_cursor(cursor, key)
+        if after > header.journal_seq:
+            # The journal only grows and a page never ends past it: a forged cursor.
+            raise ConfigurationError(
+                f"invalid timeline cursor for task {key!r}: it points past the end of the "
+                f"journal ({header.journal_seq} entries); pass a next_cursor returned by "
+                "timeline() for the same task")
         events = await self.store.read_timeline(TimelineRequest(key=key, after_seq=after,
                                                                 limit=limit))
         events = [e for e in events if e.seq <= header.journal_seq]
