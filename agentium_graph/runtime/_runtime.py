@@ -45,6 +45,7 @@ from agentium_graph.errors import (
     StoreNotDurableError,
     TaskCanceledError,
     TaskNotFoundError,
+    check_flags,
 )
 from agentium_graph.plan._validate import CompiledPlan, pseudo_ref_problems, validate_plan
 from agentium_graph.runtime._args import (
@@ -383,9 +384,12 @@ class ExecutionGraphRuntime:
                 "run() called from inside a running tool; nested controlled dispatch is "
                 "rejected: model the work as a node of the plan instead")
         check_key(key)
-        if not isinstance(worker_id, str) or not worker_id.strip():
-            raise ConfigurationError("worker_id must be a non-empty string")
+        if not isinstance(worker_id, str) or not worker_id.strip() or len(worker_id) > 200:
+            # Journaled as the lease owner with every grant: bounded like a task key.
+            raise ConfigurationError("worker_id must be a non-blank string of at most 200 "
+                                     "characters")
         check_text("worker_id", worker_id)
+        check_flags(wait=wait)
         fresh = self._forget_fresh(key)
         if fresh is not None:
             result = await self._run_fresh(key, worker_id, fresh)
