@@ -120,12 +120,20 @@ class HostCatalog:
             ) from None
         finally:
             self._visiting.pop()
-        if isinstance(binding, GraphBinding) and not binding.output_schema:
-            # A graph's output maps its node ids to their outputs, so refs are checkable.
-            self._output_schemas[key] = {
+        if not binding.output_schema:
+            # A graph's output maps its node ids to their outputs, and a repeat's wraps the
+            # last iteration's such map in a fixed shape: refs into either are checkable.
+            outputs = {
                 "type": "object", "additionalProperties": False,
                 "properties": {nid: self.reference_schema(node.binding)
                                for nid, node in compiled.nodes.items()}}
+            self._output_schemas[key] = outputs if isinstance(binding, GraphBinding) else {
+                "type": "object", "additionalProperties": False,
+                "properties": {
+                    "iterations": {"type": "integer", "minimum": 1,
+                                   "maximum": binding.max_iterations},
+                    "stopped": {"type": "string", "enum": ["condition", "max_iterations"]},
+                    "last": outputs}}
         self._program_depths[key] = compiled.depth
         return compiled.depth
 

@@ -1,0 +1,109 @@
+"""Nested graphs and repeats attacked as a hostile user would (review 17).
+
+* A ``$ref`` into a repeat node's output along a field that output never has (``r.nope``,
+  ``r.last.nope``) was accepted by ``create``: the whole repeat ran (charging budgets,
+  dispatching effects) and only then did the consumer fail with ``NodeInputError``. A
+  repeat's output has a fixed shape (``iterations``, ``stopped``, ``last`` = the map of
+  its program's node ids to their outputs), so such a path is now a ``bad_reference_path``
+  diagnostic at ``create``, as one into a graph node's output already was.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agentium_graph import (
+    ExecutionGraphProgram,
+    ExecutionGraphRuntime,
+    HostCatalog,
+    PlanValidationError,
+    RepeatBinding,
+    ToolBinding,
+)
+from tests.conftest import program
+
+NUM = {"type": "object", "properties": {"value": {"type": "integer"}},
+       "required": ["value"], "additionalProperties": False}
+
+
+def ref(node: str, *path: Any) -> dict[str, Any]:
+    return {"$ref": {"node": node, "path": list(path)}}
+
+
+def _inc(args: dict[str, Any]) -> dict[str, Any]:
+    return {"value": int(args.get("x") or 0) + 1}
+
+
+def _tool() -> ToolBinding:
+    return ToolBinding(id="inc", version="1", execute=_inc, recovery="pure",
+                       output_schema=NUM, run_in_thread=False)
+
+
+STEP = ExecutionGraphProgram(id="step", version="1", plan={
+    "schemaVersion": 1, "revision": 1, "nodes": [
+        {"id": "up", "binding": "inc", "version": "1", "args": {"x": 1}}]})
+
+
+def _loop_catalog(**extra: Any) -> HostCatalog:
+    return HostCatalog([_tool(), RepeatBinding(id="loop", version="1", program=STEP,
+                                               max_iterations=2,
+                                               condition=lambda s: True, **extra)])
+
+
+def _consumer_plan(*path: Any) -> dict[str, Any]:
+    return {"schemaVersion": 1, "revision": 1, "nodes": [
+        {"id": "r", "binding": "loop", "version": "1", "args": {}},
+        {"id": "b", "binding": "inc", "version": "1", "args": {"x": ref("r", *path)}}]}
+
+
+@pytest.mark.parametrize(("path", "field"), [
+    (("nope",), "nope"), (("last", "nope"), "nope"), (("last", "up", "nope"), "nope"),
+    (("iterations", "x"), "x")])
+async def test_a_path_a_repeat_output_never_has_is_refused_at_create(
+        path: tuple[str, ...], field: str) -> None:
+    runtime = ExecutionGraphRuntime(catalog=_loop_catalog())
+    with pytest.raises(PlanValidationError) as caught:
+        await runtime.create("k", program(_consumer_plan(*path)))
+    (problem,) = caught.value.diagnostics
+    assert problem.code == "bad_reference_path"
+    assert problem.node_id == "b" and problem.path == "$.nodes[1].args.x.$ref.path"
+    assert field in problem.message
+    assert await runtime.store.get_header("k") is None  # nothing stored
+
+
+@pytest.mark.parametrize("path", [
+    ("iterations",), ("stopped",), ("last",), ("last", "up"), ("last", "up", "value")])
+async def test_paths_a_repeat_output_has_are_taken_and_resolve(path: tuple[str, ...]) -> None:
+    runtime = ExecutionGraphRuntime(catalog=_loop_catalog())
+    await runtime.create("k", program(_consumer_plan(*path)))
+    view = await runtime.inspect("k")
+    assert set(view.nodes) == {"r", "b"}
+
+
+async def test_a_declared_repeat_output_schema_still_decides_what_refs_may_name() -> None:
+    # The host's own output_schema is what references are checked against, as for a graph.
+    declared = {"type": "object", "properties": {"iterations": {"type": "integer"}},
+                "additionalProperties": True}
+    runtime = ExecutionGraphRuntime(catalog=_loop_catalog(output_schema=declared))
+    await runtime.create("k", program(_consumer_plan("anything")))
+
+
+async def test_previous_taken_whole_still_works() -> None:
+    def acc(args: dict[str, Any]) -> dict[str, Any]:
+        prev = args["prev"]
+        return {"value": (prev["up"]["value"] if prev else 0) + 1}
+
+    body = ExecutionGraphProgram(id="acc", version="1", plan={
+        "schemaVersion": 1, "revision": 1, "nodes": [
+            {"id": "up", "binding": "acc", "version": "1", "args": {"prev": ref("$previous")}}]})
+    runtime = ExecutionGraphRuntime(catalog=HostCatalog([
+        ToolBinding(id="acc", version="1", execute=acc, recovery="pure", output_schema=NUM),
+        RepeatBinding(id="loop", version="1", program=body, max_iterations=3,
+                      condition=lambda s: True)]))
+    await runtime.create("k", program({"schemaVersion": 1, "revision": 1, "nodes": [
+        {"id": "r", "binding": "loop", "version": "1", "args": {}}]}))
+    result = await runtime.run("k")
+    assert result.output["r"] == {"iterations": 3, "stopped": "max_iterations",
+                                  "last": {"up": {"value": 3}}}
