@@ -6,6 +6,9 @@
   repeat's output has a fixed shape (``iterations``, ``stopped``, ``last`` = the map of
   its program's node ids to their outputs), so such a path is now a ``bad_reference_path``
   diagnostic at ``create``, as one into a graph node's output already was.
+* ``{"$ref": {"node": "$previous", "path": [...]}}`` with a non-empty path was accepted by
+  the catalog, but ``$previous`` is null in the first iteration, so the first iteration
+  failed on every run: such a repeat could never complete. The catalog refuses it now.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 import pytest
 
 from agentium_graph import (
+    ConfigurationError,
     ExecutionGraphProgram,
     ExecutionGraphRuntime,
     HostCatalog,
@@ -88,6 +92,20 @@ async def test_a_declared_repeat_output_schema_still_decides_what_refs_may_name(
                 "additionalProperties": True}
     runtime = ExecutionGraphRuntime(catalog=_loop_catalog(output_schema=declared))
     await runtime.create("k", program(_consumer_plan("anything")))
+
+
+@pytest.mark.parametrize("path", [["up"], ["up", "value"]])
+def test_a_path_into_previous_is_refused_by_the_catalog(path: list[str]) -> None:
+    body = ExecutionGraphProgram(id="acc", version="1", plan={
+        "schemaVersion": 1, "revision": 1, "nodes": [
+            {"id": "up", "binding": "inc", "version": "1",
+             "args": {"x": {"$ref": {"node": "$previous", "path": path}}}}]})
+    with pytest.raises(ConfigurationError) as caught:
+        HostCatalog([_tool(), RepeatBinding(id="loop", version="1", program=body,
+                                            max_iterations=3, condition=lambda s: True)])
+    message = str(caught.value)
+    assert "'loop'" in message and "$previous" in message and "null" in message
+    assert "bad_reference_path" in caught.value.details["codes"]
 
 
 async def test_previous_taken_whole_still_works() -> None:

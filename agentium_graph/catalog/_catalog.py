@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agentium_graph._canonical import digest
+from agentium_graph._canonical import digest, json_path
 from agentium_graph.catalog._bindings import (
     AgentBinding,
     Binding,
@@ -15,7 +15,10 @@ from agentium_graph.catalog._bindings import (
     ToolBinding,
     _BindingBase,
 )
-from agentium_graph.errors import ConfigurationError, PlanValidationError
+from agentium_graph.errors import ConfigurationError, Diagnostic, PlanValidationError
+
+if TYPE_CHECKING:
+    from agentium_graph.plan._validate import CompiledPlan
 
 
 class HostCatalog:
@@ -111,6 +114,7 @@ class HostCatalog:
                 subject=f"program {binding.program.id!r} of {binding.kind} binding "
                         f"{binding.id!r} version {binding.version!r}")
             problems = pseudo_ref_problems(compiled, repeat=isinstance(binding, RepeatBinding))
+            problems.extend(_previous_path_problems(compiled))
             if problems:
                 raise PlanValidationError(problems)
         except PlanValidationError as exc:
@@ -176,6 +180,25 @@ class HostCatalog:
 
     def __len__(self) -> int:
         return len(self._bindings)
+
+
+def _previous_path_problems(plan: CompiledPlan) -> list[Diagnostic]:
+    """``$previous`` is null in a repeat's first iteration, so a path into it never resolves
+    there: the first iteration would fail on every run. Only the whole value may be taken."""
+    problems: list[Diagnostic] = []
+    index = {node.get("id"): i for i, node in enumerate(plan.raw.get("nodes", []))
+             if isinstance(node, dict)}
+    for node_id in plan.order:
+        for r in plan.nodes[node_id].refs:
+            if r.node == "$previous" and r.path:
+                where = json_path(r.arg_path, f"$.nodes[{index.get(node_id, 0)}].args")
+                problems.append(Diagnostic(
+                    path=where + ".$ref.path", code="bad_reference_path", node_id=node_id,
+                    message=f"$previous is null in the first iteration, so the path "
+                            f"{list(r.path)} into it never resolves there; take it whole "
+                            "({\"$ref\": {\"node\": \"$previous\"}}) and let the node "
+                            "handle null"))
+    return problems
 
 
 def _version_key(version: str) -> tuple[tuple[int, str], ...]:
