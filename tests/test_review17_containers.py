@@ -9,6 +9,9 @@
 * ``{"$ref": {"node": "$previous", "path": [...]}}`` with a non-empty path was accepted by
   the catalog, but ``$previous`` is null in the first iteration, so the first iteration
   failed on every run: such a repeat could never complete. The catalog refuses it now.
+* When one repeat's guard failed, or its next iteration was refused by a budget, another
+  repeat settled in the same turn still materialized its next iteration, charging
+  ``expanded_nodes`` and ``plan_revisions`` for nodes born canceled or never runnable.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from typing import Any
 import pytest
 
 from agentium_graph import (
+    BudgetExhaustedError,
     ConfigurationError,
     ExecutionGraphProgram,
     ExecutionGraphRuntime,
     HostCatalog,
+    NodeFailedError,
     PlanValidationError,
     RepeatBinding,
     ToolBinding,
@@ -125,3 +130,70 @@ async def test_previous_taken_whole_still_works() -> None:
     result = await runtime.run("k")
     assert result.output["r"] == {"iterations": 3, "stopped": "max_iterations",
                                   "last": {"up": {"value": 3}}}
+
+
+# A stopping run starts no new iteration: when one repeat's guard failed (or its next
+# iteration was refused by a budget), another repeat settled in the same turn still
+# materialized its next iteration, charging expanded_nodes and plan_revisions for nodes
+# born canceled (or never runnable), and journaled a "continue" guard in a failed task.
+
+def _mark(args: dict[str, Any]) -> dict[str, Any]:
+    return {"v": 1}
+
+
+def _two_loops(bad_condition: Any, bad_width: int) -> HostCatalog:
+    def body(width: int) -> ExecutionGraphProgram:
+        return ExecutionGraphProgram(id=f"body{width}", version="1", plan={
+            "schemaVersion": 1, "revision": 1, "nodes": [
+                {"id": f"x{i}", "binding": "mark", "version": "1", "args": {}}
+                for i in range(width)]})
+
+    return HostCatalog([
+        ToolBinding(id="mark", version="1", execute=_mark, recovery="pure",
+                    run_in_thread=False),
+        RepeatBinding(id="first", version="1", program=body(bad_width), max_iterations=3,
+                      condition=bad_condition),
+        RepeatBinding(id="second", version="1", program=body(1), max_iterations=3,
+                      condition=lambda s: True)])
+
+
+TWO_LOOPS = {"schemaVersion": 1, "revision": 1, "nodes": [
+    {"id": "a", "binding": "first", "version": "1", "args": {}},
+    {"id": "b", "binding": "second", "version": "1", "args": {}}]}
+
+
+async def _guards(runtime: ExecutionGraphRuntime, key: str) -> list[tuple[str | None, Any]]:
+    events = (await runtime.timeline(key, limit=1000)).events
+    return [(e.node_id, e.data) for e in events if e.kind in ("repeat_guard",
+                                                               "repeat_iteration")]
+
+
+async def test_a_failing_run_starts_no_new_iteration_of_another_repeat() -> None:
+    def broken(state: dict[str, Any]) -> bool:
+        raise ValueError("cannot decide")
+
+    runtime = ExecutionGraphRuntime(catalog=_two_loops(broken, 1))
+    await runtime.create("k", program(TWO_LOOPS))
+    with pytest.raises(NodeFailedError, match="cannot decide") as caught:
+        await runtime.run("k")
+    assert caught.value.node_id == "a"
+    view = await runtime.inspect("k")
+    assert view.status == "failed" and view.verified
+    assert set(view.nodes) == {"a", "b", "a/0/x0", "b/0/x0"}  # no b/1/x0 born canceled
+    assert view.counters["expanded_nodes"] == 4 and view.counters["plan_revisions"] == 3
+    assert ("b", {"iteration": 0, "decision": "continue"}) not in await _guards(runtime, "k")
+
+
+async def test_a_budget_stop_starts_no_new_iteration_of_another_repeat() -> None:
+    # a's next iteration needs 2 nodes, b's 1; one is left: a is refused, and b must not
+    # take the rest while the run stops (its iteration could never run before a's anyway).
+    runtime = ExecutionGraphRuntime(catalog=_two_loops(lambda s: True, 2))
+    await runtime.create("k", program(TWO_LOOPS), limits={"max_expanded_nodes": 6})
+    for _ in range(2):  # the next run stops the same way and charges nothing more
+        with pytest.raises(BudgetExhaustedError) as caught:
+            await runtime.run("k")
+        assert caught.value.counter == "expanded_nodes" and caught.value.node_id == "a"
+        view = await runtime.inspect("k")
+        assert view.status == "pending" and view.verified
+        assert set(view.nodes) == {"a", "b", "a/0/x0", "a/0/x1", "b/0/x0"}
+        assert view.counters["expanded_nodes"] == 5 and view.counters["plan_revisions"] == 3

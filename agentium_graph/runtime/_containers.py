@@ -137,7 +137,8 @@ def restore(run: TaskRun) -> None:
 
 def advance(run: TaskRun, steps: list[Step], blobs: dict[str, str],
             pending: dict[str, int]) -> None:
-    """Settle containers whose current scope finished; start a repeat's next iteration."""
+    """Settle containers whose current scope finished; start a repeat's next iteration
+    (unless the run began to stop this turn)."""
     for container in sorted(run.active_containers, key=run.graph.pos.__getitem__):
         if container in run.done or container in run.closed:
             run.active_containers.discard(container)
@@ -156,6 +157,11 @@ def advance(run: TaskRun, steps: list[Step], blobs: dict[str, str],
             _settle(run, binding, container, outputs, steps, blobs)
             continue
         assert isinstance(binding, RepeatBinding) and last.iteration is not None
+        if run.stop is not None:
+            # An earlier container of this turn failed or was refused by a budget: a
+            # stopping run starts no new iteration (its charge would buy nodes born
+            # canceled, or never runnable); a budget stop's next run decides again.
+            continue
         i = last.iteration
         try:
             # Copies: the condition may change what it is given, but not the outputs and
