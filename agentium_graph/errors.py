@@ -23,6 +23,7 @@ stable ``code`` string and structured fields, and says what to do next::
     │   └── NodeOutputError           output is not JSON or violates the output schema
     ├── DurableRecoveryRequiredError  an effect's outcome is unknown; an operator must resolve it
     ├── DataIntegrityError            stored data failed digest verification
+    ├── PlannerFailedError            a planner program's provider failed
     └── StoreError                    a store operation failed
         ├── StoreUnavailableError     transient failure that outlived its bounded retries
         └── StoreSchemaError          the store's data was written by an incompatible schema
@@ -167,6 +168,22 @@ class AgentiumGraphError(Exception):
 
     def to_info(self) -> ErrorInfo:
         return ErrorInfo.from_exception(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Subclasses' constructors take their fields (key, holder, fence, ...), not the
+        # message that Exception keeps in ``args``, so the default reduction (``cls(*args)``)
+        # cannot rebuild them: copy, deepcopy and pickle (process pools, task queues) would
+        # raise TypeError. Rebuild from the message and the instance's fields instead.
+        return (_rebuild_error, (type(self), self.args, self.__dict__))
+
+
+def _rebuild_error(cls: type[AgentiumGraphError], args: tuple[Any, ...],
+                   state: dict[str, Any]) -> AgentiumGraphError:
+    """An error equal to the one reduced: its ``args``, fields and class, no ``__init__``."""
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
 
 
 class ConfigurationError(AgentiumGraphError):
