@@ -29,6 +29,9 @@ from typing import Any
 import pytest
 
 from agentium_graph import (
+    ActionOutcome,
+    ActionRequest,
+    Agent,
     AgentiumGraphError,
     BudgetExhaustedError,
     ConfigurationError,
@@ -42,6 +45,7 @@ from agentium_graph import (
     LeaseHeldError,
     NodeFailedError,
     NodeOutputError,
+    PlannerConfig,
     PlanValidationError,
     ResolutionConflictError,
     StaleFenceError,
@@ -50,7 +54,9 @@ from agentium_graph import (
     TaskConflictError,
     TaskNotFoundError,
     ToolBinding,
+    Unknown,
 )
+from agentium_graph.testing import ScriptedProvider
 
 # --- errors survive copy and pickle --------------------------------------------------
 
@@ -113,3 +119,48 @@ async def test_a_raised_error_pickles_as_the_runtime_raised_it() -> None:
     again = pickle.loads(pickle.dumps(caught.value))
     assert [d.code for d in again.diagnostics] == ["unknown_binding"]
     assert str(again) == str(caught.value)
+
+
+# --- a class where an instance is due ----------------------------------------------------
+
+class PayConnector:
+    id = "pay"
+    version = "1"
+    idempotent_destination = False
+
+    async def dispatch(self, request: ActionRequest) -> ActionOutcome:
+        return ActionOutcome(output={"ok": True}, result_ref=request.result_ref)
+
+    async def resolve_result(self, result_ref: str) -> ActionOutcome | Unknown:
+        return Unknown("never")
+
+
+class FakeModel:
+    id = "fake"
+    version = "1"
+
+    async def complete(self, request: Any) -> Any:
+        raise AssertionError("never called")
+
+    async def stream(self, request: Any) -> Any:
+        raise AssertionError("never called")
+
+
+def test_a_connector_class_instead_of_an_instance_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="PayConnector") as caught:
+        ToolBinding(id="pay", version="1", connector=PayConnector, destination="psp")
+    assert "instance" in str(caught.value)
+    # the instance is what works
+    ToolBinding(id="pay", version="1", connector=PayConnector(), destination="psp")
+
+
+@pytest.mark.parametrize("provider", [FakeModel, ScriptedProvider])
+@pytest.mark.parametrize("build", ["agent", "planner"])
+def test_a_provider_class_instead_of_an_instance_is_refused(provider: type,
+                                                              build: str) -> None:
+    with pytest.raises(ConfigurationError, match=provider.__name__) as caught:
+        if build == "agent":
+            Agent(provider, "answer briefly")
+        else:
+            PlannerConfig(provider, "plan it")
+    assert "instance" in str(caught.value)

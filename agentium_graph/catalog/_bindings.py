@@ -253,6 +253,12 @@ class ToolBinding(_BindingBase):
             if not self.destination:
                 raise ValueError(f"tool {self.id!r}: connector= needs a host-bound "
                                  "destination='...'")
+            if isinstance(self.connector, type):
+                # The class has every attribute, and its methods are plain functions, so
+                # each dispatch would fail for want of ``self`` and the effect end uncertain.
+                raise ValueError(
+                    f"tool {self.id!r}: connector {self.connector.__name__} is a class; pass "
+                    f"an instance of it (connector={self.connector.__name__}(...))")
             for attr in ("id", "version", "idempotent_destination", "dispatch",
                          "resolve_result"):
                 if not hasattr(self.connector, attr):

@@ -331,6 +331,12 @@ def shape_problem(provider: Any, *, stream: bool) -> str | None:
     ``complete`` must be a coroutine function; ``stream`` must not be one (an ``async def``
     without ``yield`` returns a coroutine, not a stream) nor a plain generator function."""
     name = type(provider).__name__
+    if isinstance(provider, type):
+        # Its methods are plain functions of the class, so the checks below would pass and
+        # every call would then fail for want of ``self``.
+        return (f"provider {provider.__name__} is a class; pass an instance of it "
+                f"({provider.__name__}(...)), a ModelProvider with async complete() and "
+                "stream()")
     method = "stream" if stream else "complete"
     fn = getattr(provider, method, None)
     if not callable(fn):
