@@ -48,6 +48,7 @@ from agentium_graph import (
     PlannerConfig,
     PlanValidationError,
     ResolutionConflictError,
+    RootLimits,
     StaleFenceError,
     StoreUnavailableError,
     TaskCanceledError,
@@ -164,3 +165,25 @@ def test_a_provider_class_instead_of_an_instance_is_refused(provider: type,
         else:
             PlannerConfig(provider, "plan it")
     assert "instance" in str(caught.value)
+
+
+# --- admission_snapshot --------------------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason=(
+    "ExecutionGraphRuntime.admission_snapshot (agentium_graph/runtime/_runtime.py, being "
+    "optimised by another engineer) reports self.limits.max_concurrent_work for a task no "
+    "run of this runtime holds, not the task's pinned RootLimits"))
+async def test_snapshot_capacity_is_the_tasks_pinned_concurrency() -> None:
+    async def tool(args: dict[str, Any]) -> dict[str, Any]:
+        return {}
+    runtime = ExecutionGraphRuntime(catalog=HostCatalog([
+        ToolBinding(id="t", version="1", execute=tool, recovery="pure")]))
+    await runtime.create("k", ExecutionGraphProgram(id="p", version="1", plan={
+        "schemaVersion": 1, "revision": 1,
+        "nodes": [{"id": "a", "binding": "t", "version": "1", "args": {}}]}),
+        limits=RootLimits(max_concurrent_work=1))
+    snapshot = await runtime.admission_snapshot("k")
+    assert (snapshot.active, snapshot.queued) == (0, 0)
+    assert snapshot.capacity == 1
+    other = ExecutionGraphRuntime(catalog=HostCatalog([]), store=runtime.store)
+    assert (await other.admission_snapshot("k")).capacity == 1
