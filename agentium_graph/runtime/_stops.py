@@ -28,7 +28,8 @@ from agentium_graph.errors import (
 )
 from agentium_graph.runtime import _abandon
 from agentium_graph.runtime._outcome import Outcome, node_error
-from agentium_graph.store._requests import SetStatus, SettleNode, Step
+from agentium_graph.store._records import ActionRecord
+from agentium_graph.store._requests import RecordAction, SetStatus, SettleNode, Step
 
 if TYPE_CHECKING:
     from agentium_graph.runtime._run import TaskRun
@@ -200,9 +201,9 @@ def check_recoverable(run: TaskRun) -> None:
         begin_stop(run, recovery_stop(run))
 
 
-def recovery_stop(run: TaskRun) -> Stop:
+def recovery_stop(run: TaskRun, reason: str = "") -> Stop:
     ids = sorted(run.uncertain)
-    error = DurableRecoveryRequiredError(run.key, ids)
+    error = DurableRecoveryRequiredError(run.key, ids, reason)
     return Stop("recovery", error, ErrorInfo(code=error.code, message=str(error),
                                               details={"action_ids": ids}))
 
@@ -248,6 +249,9 @@ def final_steps(run: TaskRun, launching: bool) -> list[Step]:
         return [SetStatus(status="completed", release_lease=True)]
     # Stopping and nothing is running: close every open node, then the task.
     steps: list[Step] = []
+    hidden = _unreconciled(run, stop)
+    if hidden:
+        stop = _surface(run, stop, hidden, steps)
     failed = _failed_containers(run, stop)
     for node_id in run.graph.order:
         if node_id not in run.closed and stop.reason not in ("budget", "recovery"):
@@ -256,8 +260,9 @@ def final_steps(run: TaskRun, launching: bool) -> list[Step]:
                          if error is None else
                          SettleNode(node_id=node_id, state="failed", error=error))
     if stop.reason == "recovery":
-        stop = recovery_stop(run)  # name every uncertain action, not just the first
-        run.stop = stop
+        if not hidden:
+            stop = recovery_stop(run)  # name every uncertain action, not just the first
+            run.stop = stop
         steps.append(SetStatus(status="recovery_required", error=stop.info,
                                release_lease=True))
     elif stop.reason == "canceled":
@@ -270,3 +275,46 @@ def final_steps(run: TaskRun, launching: bool) -> list[Step]:
         steps.append(SetStatus(status="failed", error=stop.info or stop.error.to_info(),
                                release_lease=True))
     return steps
+
+
+def _unreconciled(run: TaskRun, stop: Stop) -> dict[str, list[ActionRecord]]:
+    """The ``dispatching`` actions of the nodes a terminal stop (cancel, deadline, failure)
+    is about to close, by node. Such an action was left by a run that died between its
+    dispatch and its receipt, and this run stopped before it reconciled it (a node this run
+    settled is closed already): closing its node as canceled would leave an effect that may
+    have happened ``dispatching`` in an ended task, which no run reconciles and no operator
+    can resolve."""
+    found: dict[str, list[ActionRecord]] = {}
+    if stop.reason in ("budget", "recovery"):
+        return found  # the task stays resumable: its next run reconciles them
+    for action in sorted(run.actions.values(), key=lambda a: a.action_id):
+        if action.state == "dispatching" and action.node_id in run.nodes and \
+                action.node_id not in run.closed:
+            found.setdefault(action.node_id, []).append(action)
+    return found
+
+
+def _surface(run: TaskRun, stop: Stop, hidden: dict[str, list[ActionRecord]],
+             steps: list[Step]) -> Stop:
+    """Make the unreconciled actions (:func:`_unreconciled`) and their nodes ``uncertain``
+    and stop the run as ``recovery_required`` instead, naming them: an effect whose outcome
+    is unknown is never hidden by a stop (the recorded cancel applies once an operator
+    resolved them, or at once when the task is canceled again)."""
+    why = {"canceled": "canceled", "deadline": "past its deadline",
+           "failed": "failing"}.get(stop.reason, stop.reason)
+    reason = (f"its dispatch was interrupted by a crash and the task was {why} before a "
+              "run looked it up")
+    for node_id, actions in hidden.items():
+        ids = [a.action_id for a in actions]
+        for action in actions:
+            steps.append(RecordAction(action=action.model_copy(update={
+                "state": "uncertain", "reason": reason})))
+        steps.append(SettleNode(node_id=node_id, state="uncertain", error=ErrorInfo(
+            code="effect_uncertain", node_id=node_id,
+            message=f"outcome of action(s) {', '.join(ids)} is unknown: {reason}",
+            details={"action_ids": ids})))
+        run.closed.add(node_id)
+        run.uncertain.extend(ids)
+    surfaced = recovery_stop(run, f"the task was {why}; {reason}")
+    run.stop = surfaced
+    return surfaced
