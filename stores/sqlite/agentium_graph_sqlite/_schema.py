@@ -309,6 +309,19 @@ def _probe(path: Path) -> _Found:
 
 
 def _inspect(conn: sqlite3.Connection) -> _Found:
+    """What the file holds, read in one transaction: read one statement at a time, another
+    process creating the schema in between would be seen half (no tables yet, then its
+    application id and version) and taken for another application's database."""
+    if conn.in_transaction:
+        return _read_found(conn)
+    conn.execute("BEGIN")
+    try:
+        return _read_found(conn)
+    finally:
+        conn.execute("COMMIT")
+
+
+def _read_found(conn: sqlite3.Connection) -> _Found:
     tables = frozenset(r[0] for r in conn.execute(
         "SELECT name FROM sqlite_master WHERE type = 'table'"))
     application_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
