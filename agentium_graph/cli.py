@@ -56,8 +56,9 @@ from agentium_graph.errors import (
 from agentium_graph.runtime._args import check_key
 from agentium_graph.runtime._config import DEFAULT_LEASE_TTL
 from agentium_graph.runtime._inspect import build_view
+from agentium_graph.runtime._operator import TimelinePage
 from agentium_graph.runtime._resolve import cancel_stopped
-from agentium_graph.runtime._runtime import ExecutionGraphRuntime, TimelinePage
+from agentium_graph.runtime._runtime import ExecutionGraphRuntime
 from agentium_graph.runtime._views import NodeView, PlannerView, TaskView
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import (

@@ -2,7 +2,8 @@
 
 from agentium_graph.runtime._config import Budgets, RootLimits
 from agentium_graph.runtime._context import ToolContext, tool_context
-from agentium_graph.runtime._runtime import ExecutionGraphRuntime, TimelinePage
+from agentium_graph.runtime._operator import TimelinePage
+from agentium_graph.runtime._runtime import ExecutionGraphRuntime
 from agentium_graph.runtime._views import (
     AdmissionEvent,
     AdmissionSnapshot,

@@ -1,15 +1,13 @@
-"""ExecutionGraphRuntime: create, run, inspect, cancel and page the timeline of tasks."""
+"""ExecutionGraphRuntime: create and run tasks (the operator API is its base, _operator)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
-
-from pydantic import BaseModel, ConfigDict
 
 from agentium_graph._canonical import (
     NotJSONError,
@@ -25,7 +23,6 @@ from agentium_graph._canonical import (
 from agentium_graph._program import ExecutionGraphProgram, PlanLimits
 from agentium_graph.catalog._bindings import GraphBinding, RepeatBinding
 from agentium_graph.catalog._catalog import HostCatalog
-from agentium_graph.connectors import Absent, ActionOutcome
 from agentium_graph.errors import (
     ConfigurationError,
     DataIntegrityError,
@@ -56,8 +53,6 @@ from agentium_graph.runtime._args import (
     check_runtime_args,
     check_text,
     deadline_arg,
-    decode_cursor,
-    encode_cursor,
     grants_arg,
     kind,
     root_limits,
@@ -72,6 +67,7 @@ from agentium_graph.runtime._config import (
 from agentium_graph.runtime._containers import node_record
 from agentium_graph.runtime._context import current_context
 from agentium_graph.runtime._inspect import build_view
+from agentium_graph.runtime._operator import OperatorAPI, run_sync
 from agentium_graph.runtime._outcome import node_error
 from agentium_graph.runtime._planner import (
     EXHAUSTED_ADVICE,
@@ -80,11 +76,10 @@ from agentium_graph.runtime._planner import (
     find_program,
 )
 from agentium_graph.runtime._reach import pinned_keys_used, used_bindings
-from agentium_graph.runtime._resolve import cancel_stopped, resolve_action
+from agentium_graph.runtime._resolve import cancel_stopped
 from agentium_graph.runtime._run import FastStartRefused, RunState, TaskRun
 from agentium_graph.runtime._views import (
     AdmissionEvent,
-    AdmissionSnapshot,
     TaskResult,
     TaskView,
 )
@@ -93,7 +88,6 @@ from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import (
     COUNTERS,
     TERMINAL_TASK,
-    JournalEntry,
     NodeRecord,
     TaskHeader,
     TaskIdentity,
@@ -102,11 +96,9 @@ from agentium_graph.store._records import (
 )
 from agentium_graph.store._requests import (
     AcquireLeaseRequest,
-    CancelTaskRequest,
     CreateTaskRequest,
     LeaseGrant,
     ReleaseLeaseRequest,
-    TimelineRequest,
 )
 
 log = logging.getLogger("agentium_graph.runtime")
@@ -121,17 +113,6 @@ _REMEMBERED_TASKS = 256
 _RUN_OUTCOMES = (StaleFenceError, TaskCanceledError, DeadlineExceededError, NodeFailedError,
                  DurableRecoveryRequiredError)
 _REMEMBERED_NODES = 20_000
-
-
-class TimelinePage(BaseModel):
-    """One page of a task's journal in its stable order; pass ``next_cursor`` for more."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    key: str
-    events: tuple[JournalEntry, ...]
-    next_cursor: str | None
-    total: int
 
 
 def _utcnow() -> datetime:
@@ -155,7 +136,7 @@ def _checked_clock(clock: Callable[[], datetime]) -> Callable[[], datetime]:
     return now
 
 
-class ExecutionGraphRuntime:
+class ExecutionGraphRuntime(OperatorAPI):
     """Runs validated JSON DAG plans durably against a host catalog and a task store.
 
     ``lease_ttl``: seconds a lease lasts without renewal (default 15, at most 30).
@@ -540,143 +521,16 @@ class ExecutionGraphRuntime:
     def limits_for(self, header: TaskHeader) -> RootLimits:
         return self._root_limits.get(header.key) or self.limits
 
-    # --- inspect / cancel / timeline ------------------------------------------------
-    async def inspect(self, key: str) -> TaskView:
-        """A verified, read-only view of the task: no lease is taken and nothing is written."""
-        check_key(key)
-        snapshot = await self.store.get_task(key)
-        if snapshot is None:
-            raise TaskNotFoundError(key)
-        identity = await self.store.get_identity(key)
-        return await build_view(self.store, snapshot, identity)
-
-    async def cancel(self, key: str, reason: str) -> TaskView:
-        """Persist a cancel request; the lease holder observes it and stops cooperatively.
-
-        A task nobody is running is canceled at once, including one in
-        ``recovery_required``: its open nodes become ``canceled`` and its uncertain actions
-        stay ``uncertain`` in the ledger (append-only evidence, listed by ``inspect``),
-        so check their destinations; nothing is dispatched or looked up. A task another
-        worker holds the lease of is canceled by that worker (or by whoever runs it next).
-        Canceling an ended task changes nothing; the first reason recorded wins.
-        """
-        check_key(key)
-        if not isinstance(reason, str) or not reason.strip():
-            raise ConfigurationError(f"cancel needs a reason: a non-blank string saying why "
-                                     f"(it is journaled), not {kind(reason)}")
-        check_text("cancel reason", reason)
-        await self._header(key)
-        self._forget_fresh(key)  # a run started from create's state would not see it
-        header = await self.store.request_cancel(CancelTaskRequest(key=key, reason=reason,
-                                                                   now=self.clock()))
-        run = self._active.get(key)
-        if run is not None:
-            run.request_cancel(reason)
-            return await self.inspect(key)
-        if header.status == "recovery_required" and self._lease_free(header):
-            if await cancel_stopped(self.store, key, lease_ttl=self.lease_ttl,
-                                    clock=self.clock):
-                return await self.inspect(key)
-            header = await self._header(key)  # resolved meanwhile: cancel it as any other
-        if header.status not in ("completed", "failed", "canceled", "recovery_required") and \
-                self._lease_free(header):
-            try:
-                await self.run(key, worker_id=f"canceler:{key}")
-            except TaskCanceledError:
-                pass
-            except (LeaseHeldError, DescriptorMismatchError, ConfigurationError,
-                    DurableRecoveryRequiredError) as exc:
-                log.info("task %s: cancel recorded; a worker will apply it (%s)", key, exc)
-        return await self.inspect(key)
-
-    def _lease_free(self, header: TaskHeader) -> bool:
-        return header.lease is None or header.lease.expires_at <= self.clock()
-
-    async def resolve_action(self, key: str, action_id: str,
-                             outcome: ActionOutcome | Absent, *, actor: str) -> TaskView:
-        """Record a host-attested resolution of an uncertain action, so ``run`` can go on.
-
-        ``ActionOutcome``: the effect happened with this output; nothing is dispatched. An
-        effect node completes with it; an action an agent's tool call made becomes that
-        call's receipt, and the agent node returns to pending, so the next ``run`` resumes
-        the agent with it. ``Absent()``: the effect never happened (the node returns to
-        pending and the next ``run`` dispatches it again under the same action id). The
-        resolution is journaled with ``actor``; a conflicting second resolution is rejected
-        (``ResolutionConflictError``; with ``details["retryable"]`` when another operator's
-        resolution of the task was in progress: inspect, and resolve again if still needed).
-        """
-        check_key(key)
-        if not isinstance(action_id, str) or not action_id:
-            raise ConfigurationError(f"action_id must be a non-empty string, not "
-                                     f"{kind(action_id)}")
-        check_text("action_id", action_id)
-        if isinstance(actor, str):
-            check_text("actor", actor)
-        await resolve_action(self.store, key, action_id, outcome, actor=actor,
-                             clock=self.clock, lease_ttl=self.lease_ttl)
-        return await self.inspect(key)
-
-    async def admission_snapshot(self, key: str) -> AdmissionSnapshot:
-        """The task's counters against their limits and its admission queue (its depth and
-        the permits held, when this runtime is running it)."""
-        check_key(key)
-        header = await self._header(key)
-        run = self._active.get(key)
-        return AdmissionSnapshot(
-            key=key, counters=dict(header.counters), limits=dict(header.limits),
-            active=run.admission.active if run else 0,
-            queued=run.admission.queued if run else 0,
-            capacity=run.admission.capacity if run else self.limits.max_concurrent_work)
-
-    async def timeline(self, key: str, cursor: str | None = None,
-                       limit: int = 100) -> TimelinePage:
-        """A page of the task's journal in stable order; ``cursor`` is opaque."""
-        check_key(key)
-        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 1000:
-            raise ConfigurationError(f"limit must be an int between 1 and 1000, not "
-                                     f"{kind(limit)}")
-        if cursor is not None and not isinstance(cursor, str):
-            raise ConfigurationError(
-                f"cursor must be None or a next_cursor string returned by timeline(), not "
-                f"{kind(cursor)}")
-        header = await self._header(key)
-        after = decode_cursor(cursor, key)
-        if after > header.journal_seq:
-            # The journal only grows and a page never ends past it: a forged cursor.
-            raise ConfigurationError(
-                f"invalid timeline cursor for task {key!r}: it points past the end of the "
-                f"journal ({header.journal_seq} entries); pass a next_cursor returned by "
-                "timeline() for the same task")
-        events = await self.store.read_timeline(TimelineRequest(key=key, after_seq=after,
-                                                                limit=limit))
-        events = [e for e in events if e.seq <= header.journal_seq]
-        last = events[-1].seq if events else after
-        more = last < header.journal_seq
-        return TimelinePage(key=key, events=tuple(events),
-                            next_cursor=encode_cursor(key, last) if more else None,
-                            total=header.journal_seq)
-
     # --- sync wrappers --------------------------------------------------------------
     def create_sync(self, key: str, program: ExecutionGraphProgram, **kw: Any) -> TaskView:
-        return _sync(self.create(key, program, **kw))
+        return run_sync(self.create(key, program, **kw))
 
     def run_sync(self, key: str, worker_id: str = "worker", *, wait: bool = False) -> TaskResult:
         """``run`` for code without an event loop (it runs one); not from inside a loop."""
-        return _sync(self.run(key, worker_id, wait=wait))
+        return run_sync(self.run(key, worker_id, wait=wait))
 
-    def inspect_sync(self, key: str) -> TaskView:
-        return _sync(self.inspect(key))
-
-    def cancel_sync(self, key: str, reason: str) -> TaskView:
-        return _sync(self.cancel(key, reason))
 
     # --- helpers --------------------------------------------------------------------
-    async def _header(self, key: str) -> TaskHeader:
-        header = await self.store.get_header(key)
-        if header is None:
-            raise TaskNotFoundError(key)
-        return header
-
     async def _identity(self, key: str) -> TaskIdentity:
         identity = await self.store.get_identity(key)
         if identity is None:
@@ -817,14 +671,3 @@ def error_from_info(key: str, info: ErrorInfo | None) -> Exception:
         return PlannerFailedError(info.message, details=info.details)
     return node_error(info, f"task {key!r} failed at node {info.node_id!r}: {info.message}",
                       info.node_id)
-
-
-def _sync(coro: Coroutine[Any, Any, T]) -> T:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    coro.close()
-    raise ConfigurationError("the *_sync wrappers cannot run inside an event loop; await the "
-                             "async method instead")
-

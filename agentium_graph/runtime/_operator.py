@@ -1,0 +1,209 @@
+"""The operator API of ExecutionGraphRuntime: inspect, cancel, resolve stuck actions, read
+admission and page the timeline. None of it runs a task's nodes; all of it is safe to call
+from another process while a worker runs the task."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from agentium_graph._program import PlanLimits
+from agentium_graph.connectors import Absent, ActionOutcome
+from agentium_graph.errors import (
+    ConfigurationError,
+    DescriptorMismatchError,
+    DurableRecoveryRequiredError,
+    LeaseHeldError,
+    TaskCanceledError,
+    TaskNotFoundError,
+)
+from agentium_graph.runtime._args import check_key, check_text, decode_cursor, encode_cursor, kind
+from agentium_graph.runtime._config import RootLimits
+from agentium_graph.runtime._inspect import build_view
+from agentium_graph.runtime._resolve import cancel_stopped, resolve_action
+from agentium_graph.runtime._views import AdmissionSnapshot, TaskResult, TaskView
+from agentium_graph.store._protocol import DurableTaskStore
+from agentium_graph.store._records import JournalEntry, TaskHeader, TaskIdentity
+from agentium_graph.store._requests import CancelTaskRequest, TimelineRequest
+
+if TYPE_CHECKING:
+    from agentium_graph.runtime._run import TaskRun
+
+log = logging.getLogger("agentium_graph.runtime")
+T = TypeVar("T")
+L = TypeVar("L", RootLimits, PlanLimits)
+
+
+class TimelinePage(BaseModel):
+    """One page of a task's journal in its stable order; pass ``next_cursor`` for more."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str
+    events: tuple[JournalEntry, ...]
+    next_cursor: str | None
+    total: int
+
+
+class OperatorAPI:
+    """The operator half of :class:`~agentium_graph.ExecutionGraphRuntime` (its base class):
+    what the runtime's run machinery provides is declared here for the type checker."""
+
+    store: DurableTaskStore
+    clock: Callable[[], datetime]
+    lease_ttl: float
+    limits: RootLimits
+    _active: dict[str, TaskRun]
+
+    if TYPE_CHECKING:
+        async def run(self, key: str, worker_id: str = "worker", *,
+                      wait: bool = False) -> TaskResult: ...
+
+        def _forget_fresh(self, key: str) -> Any: ...
+
+        async def _pinned_identity(self, header: TaskHeader) -> TaskIdentity: ...
+
+        def _pinned_limits(self, cls: type[L], pinned: dict[str, int]) -> L: ...
+
+    async def inspect(self, key: str) -> TaskView:
+        """A verified, read-only view of the task: no lease is taken and nothing is written."""
+        check_key(key)
+        snapshot = await self.store.get_task(key)
+        if snapshot is None:
+            raise TaskNotFoundError(key)
+        identity = await self.store.get_identity(key)
+        return await build_view(self.store, snapshot, identity)
+
+    async def cancel(self, key: str, reason: str) -> TaskView:
+        """Persist a cancel request; the lease holder observes it and stops cooperatively.
+
+        A task nobody is running is canceled at once, including one in
+        ``recovery_required``: its open nodes become ``canceled`` and its uncertain actions
+        stay ``uncertain`` in the ledger (append-only evidence, listed by ``inspect``),
+        so check their destinations; nothing is dispatched or looked up. A task another
+        worker holds the lease of is canceled by that worker (or by whoever runs it next).
+        Canceling an ended task changes nothing; the first reason recorded wins.
+        """
+        check_key(key)
+        if not isinstance(reason, str) or not reason.strip():
+            raise ConfigurationError(f"cancel needs a reason: a non-blank string saying why "
+                                     f"(it is journaled), not {kind(reason)}")
+        check_text("cancel reason", reason)
+        await self._header(key)
+        self._forget_fresh(key)  # a run started from create's state would not see it
+        header = await self.store.request_cancel(CancelTaskRequest(key=key, reason=reason,
+                                                                   now=self.clock()))
+        run = self._active.get(key)
+        if run is not None:
+            run.request_cancel(reason)
+            return await self.inspect(key)
+        if header.status == "recovery_required" and self._lease_free(header):
+            if await cancel_stopped(self.store, key, lease_ttl=self.lease_ttl,
+                                    clock=self.clock):
+                return await self.inspect(key)
+            header = await self._header(key)  # resolved meanwhile: cancel it as any other
+        if header.status not in ("completed", "failed", "canceled", "recovery_required") and \
+                self._lease_free(header):
+            try:
+                await self.run(key, worker_id=f"canceler:{key}")
+            except TaskCanceledError:
+                pass
+            except (LeaseHeldError, DescriptorMismatchError, ConfigurationError,
+                    DurableRecoveryRequiredError) as exc:
+                log.info("task %s: cancel recorded; a worker will apply it (%s)", key, exc)
+        return await self.inspect(key)
+
+    def _lease_free(self, header: TaskHeader) -> bool:
+        return header.lease is None or header.lease.expires_at <= self.clock()
+
+    async def resolve_action(self, key: str, action_id: str,
+                             outcome: ActionOutcome | Absent, *, actor: str) -> TaskView:
+        """Record a host-attested resolution of an uncertain action, so ``run`` can go on.
+
+        ``ActionOutcome``: the effect happened with this output; nothing is dispatched. An
+        effect node completes with it; an action an agent's tool call made becomes that
+        call's receipt, and the agent node returns to pending, so the next ``run`` resumes
+        the agent with it. ``Absent()``: the effect never happened (the node returns to
+        pending and the next ``run`` dispatches it again under the same action id). The
+        resolution is journaled with ``actor``; a conflicting second resolution is rejected
+        (``ResolutionConflictError``; with ``details["retryable"]`` when another operator's
+        resolution of the task was in progress: inspect, and resolve again if still needed).
+        """
+        check_key(key)
+        if not isinstance(action_id, str) or not action_id:
+            raise ConfigurationError(f"action_id must be a non-empty string, not "
+                                     f"{kind(action_id)}")
+        check_text("action_id", action_id)
+        if isinstance(actor, str):
+            check_text("actor", actor)
+        await resolve_action(self.store, key, action_id, outcome, actor=actor,
+                             clock=self.clock, lease_ttl=self.lease_ttl)
+        return await self.inspect(key)
+
+    async def admission_snapshot(self, key: str) -> AdmissionSnapshot:
+        """The task's counters against their limits and its admission queue (its depth and
+        the permits held, when this runtime is running it)."""
+        check_key(key)
+        header = await self._header(key)
+        run = self._active.get(key)
+        return AdmissionSnapshot(
+            key=key, counters=dict(header.counters), limits=dict(header.limits),
+            active=run.admission.active if run else 0,
+            queued=run.admission.queued if run else 0,
+            capacity=run.admission.capacity if run else self.limits.max_concurrent_work)
+
+    async def timeline(self, key: str, cursor: str | None = None,
+                       limit: int = 100) -> TimelinePage:
+        """A page of the task's journal in stable order; ``cursor`` is opaque."""
+        check_key(key)
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 1000:
+            raise ConfigurationError(f"limit must be an int between 1 and 1000, not "
+                                     f"{kind(limit)}")
+        if cursor is not None and not isinstance(cursor, str):
+            raise ConfigurationError(
+                f"cursor must be None or a next_cursor string returned by timeline(), not "
+                f"{kind(cursor)}")
+        header = await self._header(key)
+        after = decode_cursor(cursor, key)
+        if after > header.journal_seq:
+            # The journal only grows and a page never ends past it: a forged cursor.
+            raise ConfigurationError(
+                f"invalid timeline cursor for task {key!r}: it points past the end of the "
+                f"journal ({header.journal_seq} entries); pass a next_cursor returned by "
+                "timeline() for the same task")
+        events = await self.store.read_timeline(TimelineRequest(key=key, after_seq=after,
+                                                                limit=limit))
+        events = [e for e in events if e.seq <= header.journal_seq]
+        last = events[-1].seq if events else after
+        more = last < header.journal_seq
+        return TimelinePage(key=key, events=tuple(events),
+                            next_cursor=encode_cursor(key, last) if more else None,
+                            total=header.journal_seq)
+
+    def inspect_sync(self, key: str) -> TaskView:
+        return run_sync(self.inspect(key))
+
+    def cancel_sync(self, key: str, reason: str) -> TaskView:
+        return run_sync(self.cancel(key, reason))
+
+    async def _header(self, key: str) -> TaskHeader:
+        header = await self.store.get_header(key)
+        if header is None:
+            raise TaskNotFoundError(key)
+        return header
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    coro.close()
+    raise ConfigurationError("the *_sync wrappers cannot run inside an event loop; await the "
+                             "async method instead")
+
