@@ -169,10 +169,6 @@ def test_a_provider_class_instead_of_an_instance_is_refused(provider: type,
 
 # --- admission_snapshot --------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ExecutionGraphRuntime.admission_snapshot (agentium_graph/runtime/_runtime.py, being "
-    "optimised by another engineer) reports self.limits.max_concurrent_work for a task no "
-    "run of this runtime holds, not the task's pinned RootLimits"))
 async def test_snapshot_capacity_is_the_tasks_pinned_concurrency() -> None:
     async def tool(args: dict[str, Any]) -> dict[str, Any]:
         return {}

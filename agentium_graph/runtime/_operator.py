@@ -57,7 +57,6 @@ class OperatorAPI:
     store: DurableTaskStore
     clock: Callable[[], datetime]
     lease_ttl: float
-    limits: RootLimits
     _active: dict[str, TaskRun]
 
     if TYPE_CHECKING:
@@ -151,11 +150,15 @@ class OperatorAPI:
         check_key(key)
         header = await self._header(key)
         run = self._active.get(key)
+        if run is not None:
+            capacity = run.admission.capacity
+        else:  # the concurrency the task pinned at create, whoever created it
+            identity = await self._pinned_identity(header)
+            capacity = self._pinned_limits(RootLimits, identity.root_limits).max_concurrent_work
         return AdmissionSnapshot(
             key=key, counters=dict(header.counters), limits=dict(header.limits),
             active=run.admission.active if run else 0,
-            queued=run.admission.queued if run else 0,
-            capacity=run.admission.capacity if run else self.limits.max_concurrent_work)
+            queued=run.admission.queued if run else 0, capacity=capacity)
 
     async def timeline(self, key: str, cursor: str | None = None,
                        limit: int = 100) -> TimelinePage:
