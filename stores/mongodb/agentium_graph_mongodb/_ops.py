@@ -31,13 +31,10 @@ import asyncio
 import contextlib
 import functools
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
-import bson
-from bson.errors import BSONError
 from pymongo import ReturnDocument
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
@@ -59,12 +56,10 @@ from agentium_graph.store import (
     CommitResult,
     CreateTaskRequest,
     CreateTaskResult,
-    Delta,
     JournalEntry,
     LeaseGrant,
     LeaseStatus,
     ListTasksRequest,
-    Needs,
     NodeRecord,
     ReleaseLeaseRequest,
     RenewLeaseRequest,
@@ -96,7 +91,6 @@ from agentium_graph_mongodb._codec import (
     encode_key,
     entry_from_doc,
     header_doc,
-    header_from_doc,
     journal_doc,
     schema_errors,
     stored_node,
@@ -104,7 +98,6 @@ from agentium_graph_mongodb._codec import (
 from agentium_graph_mongodb._doc import WRITES_KEPT, DocCache, TaskDoc, write_tokens
 from agentium_graph_mongodb._errors import (
     DOCUMENT_LIMIT_BYTES,
-    DOCUMENT_LIMIT_MIB,
     DUPLICATE_KEY,
     FailureWatch,
     RedoSideWrites,
@@ -114,16 +107,21 @@ from agentium_graph_mongodb._errors import (
     map_mongo_error,
     watching_failures,
 )
+from agentium_graph_mongodb._records import (
+    check_create_size,
+    grant_of,
+    loaded,
+    parse_header,
+    parse_identity,
+    parse_records,
+    record_sets,
+)
 
 T = TypeVar("T")
 R = TypeVar("R")
 _IN_CHUNK = 1000  # bound on the ids of one $in list
 _HEADER_ONLY = {"header": 1, "v": 1}
 _NOT_IDENTITY = {"identity": 0, "first_entry": 0}
-#: Room a new task document leaves under MongoDB's 16 MiB limit for the node and action
-#: records it gains as it runs; a larger one is refused at create (it could never progress).
-CREATE_HEADROOM_BYTES = 1024 * 1024
-MAX_CREATE_BYTES = DOCUMENT_LIMIT_MIB * 1024 * 1024 - CREATE_HEADROOM_BYTES
 
 
 class IO(Protocol):
@@ -195,15 +193,15 @@ class Session:
 
     async def get_header(self, key: str) -> TaskHeader | None:
         raw = await self._find_one("get_header", key, _HEADER_ONLY)
-        return None if raw is None else _header(raw, key)
+        return None if raw is None else parse_header(raw, key)
 
     async def get_task(self, key: str) -> TaskSnapshot | None:
         raw = await self._find_one("get_task", key, _NOT_IDENTITY)
         if raw is None:
             return None
         doc = TaskDoc.from_raw(raw)
-        nodes = _records(doc, NodeRecord, "nodes", doc.nodes)
-        actions = _records(doc, ActionRecord, "actions", doc.actions)
+        nodes = parse_records(doc, NodeRecord, "nodes", doc.nodes)
+        actions = parse_records(doc, ActionRecord, "actions", doc.actions)
         return TaskSnapshot(header=doc.parsed_header(),
                             nodes={n.node_id: n for n in nodes.values()},
                             actions={a.action_id: a for a in actions.values()})
@@ -212,7 +210,7 @@ class Session:
         raw = await self._find_one("get_identity", key, {"identity": 1, "v": 1})
         if raw is None:
             return None
-        return _identity(raw, key)
+        return parse_identity(raw, key)
 
     async def list_tasks(self, request: ListTasksRequest) -> list[TaskHeader]:
         # Task keys are strings: a document with another kind of _id (someone else's) is
@@ -227,7 +225,7 @@ class Session:
         async def run() -> list[dict[str, Any]]:
             cursor = self.tasks.find(query, _HEADER_ONLY).sort("_id", 1).limit(request.limit)
             return await cursor.to_list(None)
-        return [_header(raw, raw["_id"]) for raw in await self.io("list_tasks", run)]
+        return [parse_header(raw, raw["_id"]) for raw in await self.io("list_tasks", run)]
 
     async def get_blobs(self, digests: Sequence[str]) -> dict[str, str]:
         wanted = sorted(set(digests))
@@ -301,7 +299,7 @@ class Session:
                "identity": request.identity.model_dump_json(),
                "first_entry": entry.model_dump_json(), "nodes": doc.nodes, "actions": {},
                "admissions": doc.admissions, "writes": doc.writes}
-        _check_create_size(raw)
+        check_create_size(raw)
 
         async def insert() -> bool:
             try:
@@ -331,12 +329,12 @@ class Session:
     def _existing(self, raw: dict[str, Any], request: CreateTaskRequest,
                   token: str | None) -> CreateTaskResult:
         key = request.header.key
-        header = _header(raw, key)
+        header = parse_header(raw, key)
         if token is not None and token in write_tokens(raw, key):
             # Our own insert, acknowledged only on a retry after a lost reply.
             return CreateTaskResult(created=True, header=header)
         if header.identity_digest != request.header.identity_digest:
-            identity_conflict(_identity(raw, key), request.identity)
+            identity_conflict(parse_identity(raw, key), request.identity)
         return CreateTaskResult(created=False, header=header)
 
     # --- compare-and-set transitions ------------------------------------------------------
@@ -344,7 +342,7 @@ class Session:
         need = needs(request.steps)
 
         def decide(doc: TaskDoc) -> _Plan[LeaseGrant]:
-            nodes, actions, charged = _loaded(doc, need)
+            nodes, actions, charged = loaded(doc, need)
             header, journal, delta = acquire_with_steps(doc.parsed_header(), nodes, actions,
                                                         charged, request)
             lease = doc.header.get("lease")
@@ -357,8 +355,8 @@ class Session:
                 guard["header.cancel"] = None
             sets = changed_header_fields(doc.header, header_doc(header))
             if delta is not None:
-                sets.update(_record_sets(delta))
-            finish = functools.partial(_grant, expires_at=lease_expiry(request),
+                sets.update(record_sets(delta))
+            finish = functools.partial(grant_of, expires_at=lease_expiry(request),
                                        doc=doc if request.snapshot else None, delta=delta)
             return _Plan(sets=sets, finish=finish, journal=journal, guard=guard,
                          blobs=dict(request.blobs) if delta is not None else {})
@@ -375,10 +373,10 @@ class Session:
         need = needs(request.steps)
 
         def decide(doc: TaskDoc) -> _Plan[CommitResult]:
-            nodes, actions, charged = _loaded(doc, need)
+            nodes, actions, charged = loaded(doc, need)
             delta = apply_commit(doc.parsed_header(), nodes, actions, charged, request)
             sets = changed_header_fields(doc.header, header_doc(delta.header))
-            sets.update(_record_sets(delta))
+            sets.update(record_sets(delta))
             return _Plan(sets=sets, finish=delta.result,
                          journal=delta.journal, blobs=dict(request.blobs))
         return await self._transition("commit", request.key, decide)
@@ -420,7 +418,7 @@ class Session:
                 continue
             if outcome is not None:
                 post: dict[str, Any] = outcome
-                header = _header(post, key)
+                header = parse_header(post, key)
                 doc.apply(plan.sets, dict(post["header"]), token)
                 self.cache.put(doc)
                 return plan.finish(header)
@@ -658,7 +656,7 @@ class Session:
             post = await self._update_header("renew_lease", query,
                                              {"header.lease.expires_at": lease["expires_at"]})
             if post is not None:
-                parsed = _header(post, key)
+                parsed = parse_header(post, key)
                 doc = self.cache.get(key)
                 if doc is not None and doc.seq == parsed.seq:
                     doc.header = dict(post["header"])
@@ -685,7 +683,7 @@ class Session:
                 "request_cancel", query,
                 {"header.cancel": wanted.cancel.model_dump(mode="json")})
             if post is not None:
-                return _header(post, key)
+                return parse_header(post, key)
             self.counters.cas_misses += 1
         raise StoreUnavailableError(
             f"MongoDB store: request_cancel on task {key!r} kept racing other writers; retry",
@@ -695,7 +693,7 @@ class Session:
         raw = await self._find_one(op, key, _HEADER_ONLY)
         if raw is None:
             raise TaskNotFoundError(key)
-        return _header(raw, key)
+        return parse_header(raw, key)
 
     async def _update_header(self, op: str, query: dict[str, Any],
                              sets: dict[str, Any]) -> dict[str, Any] | None:
@@ -704,103 +702,3 @@ class Session:
                 query, {"$set": sets}, projection=_HEADER_ONLY,
                 return_document=ReturnDocument.AFTER)
         return await self.io(op, run, write=True)
-
-
-def _check_create_size(raw: dict[str, Any]) -> None:
-    """Refuse a new task document that leaves its node and action records no room to grow
-    under MongoDB's document limit: it could be created but never progress."""
-    rough = len(raw["identity"]) + len(raw["first_entry"]) + sum(
-        len(text) for text in raw["nodes"].values())
-    if rough <= MAX_CREATE_BYTES // 4:  # UTF-8 takes at most 4 bytes a character
-        return
-    try:
-        size = len(bson.encode(raw))
-    except (BSONError, OverflowError):
-        return  # the insert reports it, typed
-    if size > MAX_CREATE_BYTES:
-        key = raw["_id"]
-        raise StoreError(
-            f"MongoDB store: task {key!r} cannot be created: its task document would take "
-            f"{size:,} bytes, more than the {MAX_CREATE_BYTES:,} a new task may take "
-            f"(MongoDB's {DOCUMENT_LIMIT_MIB} MiB document limit less "
-            f"{CREATE_HEADROOM_BYTES // 1024 // 1024} MiB kept for the records of its nodes "
-            "and actions as it runs), so nothing was written. The task's input and plan are "
-            "kept in it: keep them smaller (store large payloads elsewhere and pass "
-            "references), or use a store without this limit",
-            details={"key": key, "reason": "document_too_large", "size_bytes": size,
-                     "limit_bytes": MAX_CREATE_BYTES})
-
-
-def _header(raw: dict[str, Any], key: str) -> TaskHeader:
-    # Errors name the task (details["key"]): a lister (the CLI's list) reports it and goes on.
-    where = f"task document {key!r}"
-    check_version(raw, where, key)
-    return header_from_doc(raw.get("header"), where, key)
-
-
-def _identity(raw: dict[str, Any], key: str) -> TaskIdentity:
-    where = f"identity of task {key!r}"
-    check_version(raw, where, key)
-    with schema_errors(where, "identity", key):
-        return TaskIdentity.model_validate_json(raw["identity"])
-
-
-M = TypeVar("M", NodeRecord, ActionRecord)
-
-
-def _records(doc: TaskDoc, model: type[M], name: str, texts: dict[str, str],
-             only: Iterable[str] | None = None) -> dict[str, M]:
-    """The records ``texts`` (a part ``name`` of the task document, by encoded id; only
-    the encoded ids ``only`` when given), parsed; an error names the damaged one."""
-    where = f"task document {doc.key!r}"
-    out: dict[str, M] = {}
-    for field_name in texts if only is None else (i for i in only if i in texts):
-        with schema_errors(where, f"{name}.{field_name}", doc.key):
-            out[field_name] = model.model_validate_json(texts[field_name])
-    return out
-
-
-def _loaded(doc: TaskDoc, need: Needs) -> tuple[dict[str, NodeRecord],
-                                                dict[str, ActionRecord], set[str]]:
-    """The node and action records and charged admission ids a transition needs."""
-    nodes = _records(doc, NodeRecord, "nodes", doc.nodes, map(encode_key, need.node_ids))
-    actions = _records(doc, ActionRecord, "actions", doc.actions,
-                       map(encode_key, need.action_ids))
-    return ({n.node_id: n for n in nodes.values()}, {a.action_id: a for a in actions.values()},
-            {i for i in need.admission_ids if encode_key(i) in doc.admissions})
-
-
-def _record_sets(delta: Delta) -> dict[str, Any]:
-    """The ``$set`` fields of every node, action and admission a delta changed."""
-    sets: dict[str, Any] = {}
-    for node in delta.nodes.values():
-        sets[f"nodes.{encode_key(node.node_id)}"] = stored_node(node).model_dump_json()
-    for action in delta.actions.values():
-        sets[f"actions.{encode_key(action.action_id)}"] = action.model_dump_json()
-    for admission, amounts in delta.charges.items():
-        sets[f"admissions.{encode_key(admission)}"] = charges_text(amounts)
-    return sets
-
-
-def _grant(post: TaskHeader, expires_at: datetime, doc: TaskDoc | None = None,
-           delta: Delta | None = None) -> LeaseGrant:
-    """The grant; with ``doc`` (the document the CAS was decided on) also the snapshot,
-    with ``delta`` (the request's steps) also their commit result.
-
-    The CAS matched that document's ``header.seq`` and only commits change nodes and
-    actions (each moves ``seq``), so its records, updated by the delta, are exactly those
-    under the new fence."""
-    snapshot = None
-    if doc is not None:
-        nodes = {n.node_id: n for n in _records(doc, NodeRecord, "nodes", doc.nodes).values()}
-        actions = {a.action_id: a for a in _records(doc, ActionRecord, "actions",
-                                                    doc.actions).values()}
-        if delta is not None:
-            for n in delta.nodes.values():
-                nodes[n.node_id] = NodeRecord.model_validate_json(
-                    stored_node(n).model_dump_json())
-            for a in delta.actions.values():
-                actions[a.action_id] = ActionRecord.model_validate_json(a.model_dump_json())
-        snapshot = TaskSnapshot(header=post, nodes=nodes, actions=actions)
-    return LeaseGrant(fence=post.fence, expires_at=expires_at, header=post, snapshot=snapshot,
-                      commit=None if delta is None else delta.result(post))
