@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import click
 
 from agentium_graph.connectors import Absent, ActionOutcome
-from agentium_graph.runtime._args import check_key
+from agentium_graph.runtime._args import MAX_ACTOR_CHARS, check_key
 from agentium_graph.runtime._resolve import resolve_action
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import ActionRecord
@@ -43,6 +43,10 @@ def resolve_command(config: object, key: str, action_id: str, absent: bool,
     check_key(key)
     if not actor.strip():
         raise click.BadParameter("must name who attests the resolution, not be blank",
+                                 param_hint="'--actor'")
+    if len(actor) > MAX_ACTOR_CHARS:
+        raise click.BadParameter(f"is {len(actor):,} characters, more than the "
+                                 f"{MAX_ACTOR_CHARS} accepted; pass a short operator name",
                                  param_hint="'--actor'")
     if absent == (output_json is not None):
         raise click.UsageError("give exactly one of --absent or --output JSON")

@@ -53,7 +53,7 @@ from agentium_graph.errors import (
     StoreError,
     TaskNotFoundError,
 )
-from agentium_graph.runtime._args import check_key
+from agentium_graph.runtime._args import MAX_REASON_CHARS, check_key
 from agentium_graph.runtime._config import DEFAULT_LEASE_TTL
 from agentium_graph.runtime._inspect import build_view
 from agentium_graph.runtime._operator import TimelinePage
@@ -561,6 +561,11 @@ def cancel_command(config: CliConfig, key: str, reason: str, as_json: bool) -> N
     """
     if not reason.strip():
         raise click.BadParameter("must not be empty", param_hint="'--reason'")
+    if len(reason) > MAX_REASON_CHARS:
+        raise click.BadParameter(
+            f"is {len(reason):,} characters, more than the {MAX_REASON_CHARS:,} accepted (the "
+            "task's header keeps it); say why in a few lines",
+            param_hint="'--reason'")
 
     async def request(store: DurableTaskStore) -> CancelOutcome:
         before = await _header(store, key)

@@ -170,6 +170,46 @@ def check_text(what: str, value: str) -> None:
             f"{exc.start}, often from bytes that are not UTF-8); pass UTF-8 text") from None
 
 
+#: Longest cancel reason accepted (a traceback fits): the task's header keeps it, so every
+#: later write of the header carries it, and a store's record has a size limit (MongoDB's
+#: task document: 16 MiB). The errors of the nodes the cancel closes quote it bounded.
+MAX_REASON_CHARS = 16_000
+#: Longest operator name (``actor``): ``operator:<actor>`` becomes the lease owner while a
+#: resolution is recorded, and lease owners are bounded like a worker id.
+MAX_ACTOR_CHARS = 200
+
+
+def check_reason(value: object) -> str:
+    """A cancel reason: a non-blank string of at most :data:`MAX_REASON_CHARS` characters."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError(f"cancel needs a reason: a non-blank string saying why "
+                                 f"(it is journaled), not {kind(value)}")
+    if len(value) > MAX_REASON_CHARS:
+        raise ConfigurationError(
+            f"cancel reason is {len(value):,} characters, more than the {MAX_REASON_CHARS:,} "
+            "accepted (the task's header keeps it): say why in a few lines and keep logs "
+            "elsewhere; nothing was recorded",
+            details={"field": "reason", "length": len(value), "limit": MAX_REASON_CHARS})
+    check_text("cancel reason", value)
+    return value
+
+
+def check_actor(value: object) -> str:
+    """An operator's name for ``resolve_action``: non-blank, at most
+    :data:`MAX_ACTOR_CHARS` characters."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError("resolve_action needs actor=... (who attests the outcome): "
+                                 f"a non-blank name the journal records, not {kind(value)}")
+    if len(value) > MAX_ACTOR_CHARS:
+        raise ConfigurationError(
+            f"actor is {len(value):,} characters, more than the {MAX_ACTOR_CHARS} accepted "
+            "(it is recorded as the lease owner while the resolution is written); pass a "
+            "short operator name; nothing was recorded",
+            details={"field": "actor", "length": len(value), "limit": MAX_ACTOR_CHARS})
+    check_text("actor", value)
+    return value
+
+
 def deadline_arg(value: datetime | timedelta | None,
               now: datetime) -> tuple[datetime | None, float | None]:
     if value is None:

@@ -22,7 +22,15 @@ from agentium_graph.errors import (
     TaskCanceledError,
     TaskNotFoundError,
 )
-from agentium_graph.runtime._args import check_key, check_text, decode_cursor, encode_cursor, kind
+from agentium_graph.runtime._args import (
+    check_actor,
+    check_key,
+    check_reason,
+    check_text,
+    decode_cursor,
+    encode_cursor,
+    kind,
+)
 from agentium_graph.runtime._config import RootLimits
 from agentium_graph.runtime._inspect import build_view
 from agentium_graph.runtime._resolve import cancel_stopped, resolve_action
@@ -89,10 +97,7 @@ class OperatorAPI:
         Canceling an ended task changes nothing; the first reason recorded wins.
         """
         check_key(key)
-        if not isinstance(reason, str) or not reason.strip():
-            raise ConfigurationError(f"cancel needs a reason: a non-blank string saying why "
-                                     f"(it is journaled), not {kind(reason)}")
-        check_text("cancel reason", reason)
+        check_reason(reason)
         await self._header(key)
         self._forget_fresh(key)  # a run started from create's state would not see it
         header = await self.store.request_cancel(CancelTaskRequest(key=key, reason=reason,
@@ -138,8 +143,7 @@ class OperatorAPI:
             raise ConfigurationError(f"action_id must be a non-empty string, not "
                                      f"{kind(action_id)}")
         check_text("action_id", action_id)
-        if isinstance(actor, str):
-            check_text("actor", actor)
+        check_actor(actor)
         await resolve_action(self.store, key, action_id, outcome, actor=actor,
                              clock=self.clock, lease_ttl=self.lease_ttl)
         return await self.inspect(key)

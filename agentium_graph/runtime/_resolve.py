@@ -39,6 +39,7 @@ from agentium_graph.errors import (
     TaskCanceledError,
     TaskNotFoundError,
 )
+from agentium_graph.runtime._args import check_actor
 from agentium_graph.runtime._config import DEFAULT_LEASE_TTL
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import (
@@ -67,9 +68,7 @@ async def resolve_action(store: DurableTaskStore, key: str, action_id: str,
                          outcome: ActionOutcome | Absent, *, actor: str,
                          clock: Callable[[], datetime],
                          lease_ttl: float = DEFAULT_LEASE_TTL) -> None:
-    if not isinstance(actor, str) or not actor.strip():
-        raise ConfigurationError("resolve_action needs actor=... (who attests the outcome): "
-                                 "a non-blank name the journal records")
+    check_actor(actor)
     if not isinstance(outcome, ActionOutcome | Absent):
         raise ConfigurationError("outcome must be ActionOutcome(...) or Absent()")
     verdict = "absent" if isinstance(outcome, Absent) else "outcome"
