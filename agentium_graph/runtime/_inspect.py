@@ -36,11 +36,19 @@ async def build_view(store: DurableTaskStore, snapshot: TaskSnapshot,
         problems.append("identity record does not match the task's identity digest")
     # One read for every blob a run may load: node outputs and the receipts of confirmed
     # actions (an agent's tool call replays its receipt, which no node output names).
+    # And a planned task's committed plan, which its next run loads.
     actions = sorted(snapshot.actions.values(), key=lambda a: a.action_id)
+    plan_digest = header.plan_digest if identity is not None and identity.plan is None \
+        else None
     blobs = await read_verified(store, [*(n.output_digest for n in snapshot.nodes.values()
                                           if n.output_digest),
                                         *(a.outcome_digest for a in actions
-                                          if a.outcome_digest)])
+                                          if a.outcome_digest),
+                                        *([plan_digest] if plan_digest else [])])
+    plan_problem = blobs.problem(plan_digest) if plan_digest else None
+    if plan_problem is not None:
+        problems.append(f"committed plan of revision {header.revision} (blob {plan_digest}) "
+                        f"is {plan_problem}")
     views: dict[str, NodeView] = {}
     for node_id, rec in snapshot.nodes.items():
         output: Any = None
