@@ -18,12 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from agentium_graph._canonical import (
-    admission_id,
-    attempt_id,
-    digest,
-    json_copy,
-)
+from agentium_graph._canonical import admission_id, attempt_id, digest, json_copy
 from agentium_graph._otel import span
 from agentium_graph._program import ExecutionGraphProgram
 from agentium_graph.errors import (
@@ -220,6 +215,8 @@ class TaskRun:
         self.overdue_at: float | None = None
         self.ended = False  # run() is over: nothing is submitted any more
         self.lost: BaseException | None = None
+        # The loop commits the task's final status: a renewal failing now changes nothing.
+        self.closing = False
         self.cancel_reason: str | None = None
         self.uncertain: list[str] = []
         self.again = False  # set when a turn materialized nodes that may be ready now
@@ -303,6 +300,7 @@ class TaskRun:
                 launch = self._start_granted(steps, pending)
             final = final_steps(self, bool(launch))
             steps.extend(final)
+            self.closing = bool(final)  # this commit decides the outcome (fenced if lost)
             if steps or self.pending_acquire is not None:
                 try:
                     await self._commit(steps, blobs)
@@ -784,6 +782,8 @@ class TaskRun:
                     key=self.key, worker_id=self.worker_id, fence=self.fence,
                     ttl_seconds=self.rt.lease_ttl, now=self.clock()))
             except StaleFenceError as exc:
+                if self.closing:
+                    return  # the final commit released the lease, or fails fenced itself
                 log.warning("task %s: lease lost (%s); stopping this run", self.key, exc)
                 self.lost = exc
                 begin_stop(self, Stop("canceled", exc))
