@@ -428,7 +428,8 @@ class ExecutionGraphRuntime(OperatorAPI):
             try:
                 return await run.execute()
             finally:
-                self._active.pop(key, None)
+                if self._active.get(key) is run:  # a takeover may have replaced it
+                    del self._active[key]
         except _RUN_OUTCOMES:
             raise
         except BaseException:
@@ -467,7 +468,8 @@ class ExecutionGraphRuntime(OperatorAPI):
                 await self._release_quietly(key, worker_id, run.fence)
             raise
         finally:
-            self._active.pop(key, None)
+            if self._active.get(key) is run:
+                del self._active[key]
 
     async def _acquire(self, key: str, worker_id: str, wait: bool,
                        deadline: datetime | None) -> LeaseGrant | None:
