@@ -204,6 +204,7 @@ class TaskRun:
             self.admission.hold_events()
         self.running: dict[str, _Running] = {}
         self.ready: dict[str, _Ready] = {}
+        self.launching: list[_Ready] = []  # granted, launched once this turn's commit is in
         self.finished: list[tuple[str, Outcome]] = []
         self.done: set[str] = {n for n, r in self.nodes.items() if r.state == "completed"}
         # Nodes whose terminal state is decided (possibly not yet committed this turn).
@@ -302,6 +303,7 @@ class TaskRun:
             steps.extend(final)
             self.closing = bool(final)  # this commit decides the outcome (fenced if lost)
             if steps or self.pending_acquire is not None:
+                self.launching = launch  # their permits are released if the run ends here
                 try:
                     await self._commit(steps, blobs)
                 except BaseException as exc:
@@ -309,6 +311,7 @@ class TaskRun:
                         if not sub.future.done():
                             sub.future.set_exception(exc)
                     raise
+                self.launching = []
                 install_revisions(self)  # before a planner sees its submission committed
                 for sub in accepted:
                     if not sub.future.done():

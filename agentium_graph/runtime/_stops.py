@@ -156,8 +156,21 @@ async def abandon_running(run: TaskRun) -> None:
     """As a run ends: stop the node tasks (and the planner) still running (an abnormal exit:
     lease lost, store failure, ``run()`` canceled); their work is not this run's to settle
     (:func:`_abandon.stop_all`). Then the run is over: whatever abandoned work submits
-    later is refused, and nothing commits it."""
+    later is refused, and nothing commits it.
+
+    Its admission queue closes first: a waiter is rejected (never admitted by a permit
+    this ends), and so is every request made later (reason ``abandoned`` when no stop of
+    the run's own gave one). The permits of nodes a failed commit was to launch are
+    released like those of running nodes."""
     try:
+        reason = run.stop.reason if run.stop is not None else "abandoned"
+        run.admission.reject_all(reason)
+        for item in run.ready.values():
+            run.admission.withdraw(item.ticket, reason)
+        run.ready.clear()
+        launching, run.launching = run.launching, []
+        for item in launching:
+            run.admission.release(item.ticket)
         tasks: list[asyncio.Task[Any]] = [r.task for r in run.running.values()
                                           if r.task is not None]
         if run.planning is not None:
