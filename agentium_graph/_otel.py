@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable, Coroutine, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Final, TypeVar
 
 from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
 
 _tracer = trace.get_tracer("agentium_graph")
 
@@ -49,6 +51,50 @@ def attempt_span(key: str, node_id: str, attempt: int,
     return _tracer.start_as_current_span("agentium_graph.node.attempt", attributes={
         "agentium.task.key": key, "agentium.node.id": node_id, "agentium.attempt": attempt,
         "agentium.binding": binding})
+
+
+_O = TypeVar("_O")
+
+
+def ended(attempt: Any, outcome: _O) -> _O:
+    """``outcome`` (a leaf's Outcome), after marking the attempt span ``attempt`` (None while
+    tracing is off) with it: ``agentium.attempt.outcome`` is its state, and a ``failed`` or
+    ``uncertain`` attempt has status ERROR with its error's message. ``outcome`` None: the
+    attempt was canceled (no error)."""
+    if attempt is not None:
+        state = "canceled" if outcome is None else str(getattr(outcome, "state", "unknown"))
+        attempt.set_attribute("agentium.attempt.outcome", state)
+        if state in ("failed", "uncertain"):
+            error = getattr(outcome, "error", None)
+            attempt.set_status(Status(StatusCode.ERROR, getattr(error, "message", state)))
+    return outcome
+
+
+def failed(current: Any, error: BaseException) -> None:
+    """Mark ``current`` (a span, None while tracing is off) failed with ``error``, which
+    the code it covers handles itself (so the span's own exit never sees it)."""
+    if current is not None:
+        current.record_exception(error)
+        current.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+
+
+def traced_attempt(ctx: Any, work: Coroutine[Any, Any, _O]) -> Coroutine[Any, Any, _O]:
+    """``work`` (a leaf node's attempt: an effect or an agent) in a node-attempt span like a
+    tool's (:func:`attempt_span`, marked by :func:`ended`); ``work`` itself while tracing is
+    off. ``ctx`` is the node's ToolContext."""
+    if not _configured():
+        return work
+    return _attempt(ctx, work)
+
+
+async def _attempt(ctx: Any, work: Coroutine[Any, Any, _O]) -> _O:
+    with attempt_span(ctx.key, ctx.node_id, ctx.attempt, ctx.binding) as current:
+        try:
+            outcome = await work
+        except asyncio.CancelledError:
+            ended(current, None)
+            raise
+        return ended(current, outcome)
 
 
 def start_span(name: str, attributes: Mapping[str, AttrValue]) -> Any:

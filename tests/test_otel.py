@@ -16,7 +16,17 @@ from tests.conftest import Calls, chain_plan, make_catalog, program
 class _Span:
     def __init__(self, sink: list[tuple[str, dict[str, Any]]], name: str,
                  attributes: dict[str, Any]) -> None:
-        sink.append((name, dict(attributes)))
+        self.attributes = dict(attributes)
+        sink.append((name, self.attributes))
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self.attributes[key] = value
+
+    def set_status(self, status: Any) -> None:
+        self.status = status
+
+    def record_exception(self, exception: BaseException) -> None:
+        self.exception = exception
 
     def __enter__(self) -> _Span:
         return self

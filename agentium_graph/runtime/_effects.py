@@ -34,7 +34,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from agentium_graph._canonical import admission_id, derive_id, digest
-from agentium_graph._otel import span
+from agentium_graph._otel import failed, span
 from agentium_graph.catalog._bindings import ToolBinding
 from agentium_graph.connectors import Absent, ActionOutcome, ActionRequest, Unknown
 from agentium_graph.errors import BudgetExhaustedError, ErrorInfo, NodeFailedError
@@ -183,7 +183,8 @@ async def _dispatch(run: TaskRun, node: NodeSpec, connector: Any, request: Actio
                     action: ActionRecord, permit: Ticket | None) -> Outcome:
     with span("agentium_graph.connector.dispatch", {"agentium.task.key": run.key,
                                                     "agentium.node.id": node.id,
-                                                    "agentium.action.id": action.action_id}):
+                                                    "agentium.action.id": action.action_id}
+              ) as current:
         failure: BaseException | None = None
         try:
             result = await _bounded(connector.dispatch(request), run.rt.effect_timeout,
@@ -198,6 +199,7 @@ async def _dispatch(run: TaskRun, node: NodeSpec, connector: Any, request: Actio
         except BaseException as exc:  # any other: the effect may have happened; reconcile
             failure = exc
         if failure is not None:  # dispatch failed or timed out: did it take effect?
+            failed(current, failure)
             return await _failed(run, node, connector, action, failure, permit)
     if not isinstance(result, ActionOutcome):
         return uncertain(run, action, f"connector returned {type(result).__name__}, not an "
@@ -261,7 +263,8 @@ async def reconcile(run: TaskRun, connector: Any,
 
     async def once() -> ActionOutcome | Absent | Unknown:
         with span("agentium_graph.connector.resolve", {"agentium.task.key": run.key,
-                                                       "agentium.action.id": action.action_id}):
+                                                       "agentium.action.id": action.action_id}
+                  ) as current:
             try:
                 verdict = await _bounded(connector.resolve_result(action.result_ref),
                                          run.rt.lookup_timeout,
@@ -274,6 +277,7 @@ async def reconcile(run: TaskRun, connector: Any,
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as exc:  # a connector's failure, whatever its class
+                failed(current, exc)
                 return Unknown(reason=f"lookup failed: {type(exc).__name__}: {exc}")
         if isinstance(verdict, ActionOutcome | Absent | Unknown):
             return verdict

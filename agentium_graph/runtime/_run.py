@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from agentium_graph._canonical import admission_id, attempt_id, digest, json_copy
-from agentium_graph._otel import span
+from agentium_graph._otel import span, traced_attempt
 from agentium_graph._program import ExecutionGraphProgram
 from agentium_graph.errors import (
     AgentiumGraphError,
@@ -647,9 +647,9 @@ class TaskRun:
         self.running[node.id] = running
         body: Coroutine[Any, Any, Outcome]
         if node.kind == "agent":
-            body = run_agent(self, node, item.args)
+            body = traced_attempt(ctx, run_agent(self, node, item.args))
         elif node.kind == "effect":
-            body = effects.execute_effect(self, node, item.args)
+            body = traced_attempt(ctx, effects.execute_effect(self, node, item.args))
         else:
             body = invoke_tool(self, node, item.args, ctx)
         name = f"node:{self.key}:{node.id}"

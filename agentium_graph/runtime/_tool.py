@@ -8,7 +8,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from agentium_graph._otel import attempt_span
+from agentium_graph._otel import attempt_span, ended
 from agentium_graph.catalog._bindings import ToolBinding
 from agentium_graph.errors import ConfigurationError, ErrorInfo, NodeFailedError
 from agentium_graph.runtime import _effects as effects
@@ -28,7 +28,7 @@ async def invoke_tool(run: TaskRun, node: NodeSpec, args: dict[str, Any],
             f"node {node.id!r}: {binding.kind} bindings are not executable by this "
             "runtime version", node_id=node.id)
     fn = binding.execute
-    with attempt_span(run.key, node.id, ctx.attempt, binding.id):
+    with attempt_span(run.key, node.id, ctx.attempt, binding.id) as attempt:
         token = set_context(ctx)
         try:
             if node.is_async:
@@ -43,16 +43,17 @@ async def invoke_tool(run: TaskRun, node: NodeSpec, args: dict[str, Any],
                 result = await result
         except asyncio.CancelledError as exc:
             if effects.runtime_cancelled():
+                ended(attempt, None)
                 raise  # the runtime canceled this node (cancel, deadline)
             error = escaped_cancel(node.id)
             error.__cause__ = exc
-            return Outcome("failed", error=error.to_info(), exception=error)
+            return ended(attempt, Outcome("failed", error=error.to_info(), exception=error))
         except Exception as exc:
-            return Outcome("failed", error=ErrorInfo.from_exception(exc, node_id=node.id),
-                           exception=exc)
+            return ended(attempt, Outcome("failed", exception=exc,
+                                          error=ErrorInfo.from_exception(exc, node_id=node.id)))
         finally:
             reset_context(token)
-    return check_output(node.id, binding, result, run.max_blob_bytes)
+        return ended(attempt, check_output(node.id, binding, result, run.max_blob_bytes))
 
 
 # What a tool returns when it returns data: nothing of these types is awaitable.
