@@ -161,14 +161,12 @@ class TaskRun:
                  program: ExecutionGraphProgram | None = None) -> None:
         self.rt = runtime
         self.identity = state.identity
-        # A planner program whose task has no plan yet: planning runs first, as a job of
-        # the loop (its commits are the loop's group commits).
-        # Planning runs before revision 1 (and, streamed, until the stream sealed).
+        # A planner program whose task has no plan yet (or whose stream is not sealed): planning
+        # runs first, as a job of the loop (its commits are the loop's group commits).
         self.program = program if program is not None and program.planner is not None and (
             state.header.revision == 0 or program.planner.mode == "stream") else None
         self.planning: asyncio.Task[None] | None = None
         # Root plan revisions submitted by the planner, installed once committed:
-        # (revision, compiled plan, nodes it tombstones).
         # (revision, compiled plan, nodes it tombstones, nodes it adds).
         self.proposed: list[tuple[int, CompiledPlan, tuple[str, ...], tuple[str, ...]]] = []
         # Nodes a drained (not yet installed) revision tombstones: never started meanwhile.
@@ -797,3 +795,5 @@ class TaskRun:
                 continue
             if status.cancel is not None and self.cancel_reason is None:
                 self.request_cancel(status.cancel.reason)
+            elif self.header.deadline is not None and self.clock() >= self.header.deadline:
+                self.wake.set()  # past it on our clock, sooner than the loop's wait said
