@@ -437,7 +437,7 @@ class TaskRun:
                                         error=self.stop.error.to_info() if self.stop else None))
             else:
                 steps.append(SettleNode(node_id=node_id, state="failed", error=outcome.error))
-                if self.stop is None:
+                if self.stop is None or self.stop.reason == "budget":  # no longer resumable
                     stop = failure_stop(self, node_id, outcome.error)
                     if outcome.exception is not None:  # in this process: chain the original
                         stop.error.__cause__ = outcome.exception
