@@ -8,13 +8,8 @@
   failure now ends the task ``failed`` with the node's error in the run that saw it.
 * ``cancel`` of a task nobody runs applies the cancel by running the task; when that run's
   recovery found a node a crashed worker left failed, ``cancel`` raised the node's
-  ``NodeFailedError`` instead of returning the task's view. The fix belongs in
-  ``agentium_graph/runtime/_runtime.py`` (being split into modules now), so
-  ``test_cancel_returns_the_view_when_recovery_finds_a_failed_node`` fails until it lands:
-  in ``cancel()``, the ``try: await self.run(key, worker_id=f"canceler:{key}")`` must also
-  catch the outcomes of a run that ended otherwise (``NodeFailedError``,
-  ``DeadlineExceededError``, ``PlannerFailedError``, ``PlanValidationError``: log them like
-  ``LeaseHeldError``) and return ``await self.inspect(key)``, whose status says how it ended.
+  ``NodeFailedError`` instead of returning the task's view (fixed in
+  ``runtime/_operator.py``: the view says how the task ended; the cancel stays recorded).
 """
 
 from __future__ import annotations

@@ -16,9 +16,13 @@ from agentium_graph._program import PlanLimits
 from agentium_graph.connectors import Absent, ActionOutcome
 from agentium_graph.errors import (
     ConfigurationError,
+    DeadlineExceededError,
     DescriptorMismatchError,
     DurableRecoveryRequiredError,
     LeaseHeldError,
+    NodeFailedError,
+    PlannerFailedError,
+    PlanValidationError,
     TaskCanceledError,
     TaskNotFoundError,
 )
@@ -120,6 +124,12 @@ class OperatorAPI:
             except (LeaseHeldError, DescriptorMismatchError, ConfigurationError,
                     DurableRecoveryRequiredError) as exc:
                 log.info("task %s: cancel recorded; a worker will apply it (%s)", key, exc)
+            except (NodeFailedError, DeadlineExceededError, PlannerFailedError,
+                    PlanValidationError) as exc:
+                # Recovery found the task ended another way (a node a crashed worker left
+                # failed, its deadline): the view says how; the cancel stays recorded.
+                log.info("task %s: the run applying the cancel ended it otherwise (%s)",
+                         key, exc)
         return await self.inspect(key)
 
     def _lease_free(self, header: TaskHeader) -> bool:
