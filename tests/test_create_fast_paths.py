@@ -125,9 +125,9 @@ def test_each_task_runs_under_its_own_pinned_limits() -> None:
         seen = {}
         for key in ("a", "b", "c"):
             await runtime.run(key)
-            header = await runtime.store.get_header(key)
-            assert header is not None
-            seen[key] = runtime.limits_for(header)
+            identity = await runtime.store.get_identity(key)
+            assert identity is not None
+            seen[key] = runtime.limits_for(identity)
         assert seen["a"].max_concurrent_work == 2 and seen["b"].max_concurrent_work == 3
         assert seen["a"] is seen["c"] and seen["a"] is not seen["b"]
 

@@ -23,14 +23,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk import trace as sdk_trace  # the test extra installs the SDK
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.trace import StatusCode
 
-sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")  # the test extra installs it
-
-from opentelemetry import trace  # noqa: E402
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor  # noqa: E402
-from opentelemetry.trace import StatusCode  # noqa: E402
-
-from agentium_graph import (  # noqa: E402
+from agentium_graph import (
     ActionOutcome,
     ActionRequest,
     Agent,
@@ -45,8 +43,8 @@ from agentium_graph import (  # noqa: E402
     ToolBinding,
     Unknown,
 )
-from agentium_graph.providers import ScriptedProvider, ScriptedTurn  # noqa: E402
-from tests.conftest import INT_OUT, wait_until  # noqa: E402
+from agentium_graph.providers import ScriptedProvider, ScriptedTurn
+from tests.conftest import INT_OUT, wait_until
 
 WAIT = 10.0
 ATTEMPT = "agentium_graph.node.attempt"

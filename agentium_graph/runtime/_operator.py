@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from agentium_graph._program import PlanLimits
 from agentium_graph.connectors import Absent, ActionOutcome
 from agentium_graph.errors import (
     ConfigurationError,
@@ -48,7 +47,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agentium_graph.runtime")
 T = TypeVar("T")
-L = TypeVar("L", RootLimits, PlanLimits)
 
 
 class TimelinePage(BaseModel):
@@ -79,7 +77,7 @@ class OperatorAPI:
 
         async def _pinned_identity(self, header: TaskHeader) -> TaskIdentity: ...
 
-        def _pinned_limits(self, cls: type[L], pinned: dict[str, int]) -> L: ...
+        def limits_for(self, identity: TaskIdentity) -> RootLimits: ...
 
     async def inspect(self, key: str) -> TaskView:
         """A verified, read-only view of the task: no lease is taken and nothing is written."""
@@ -168,7 +166,7 @@ class OperatorAPI:
             capacity = run.admission.capacity
         else:  # the concurrency the task pinned at create, whoever created it
             identity = await self._pinned_identity(header)
-            capacity = self._pinned_limits(RootLimits, identity.root_limits).max_concurrent_work
+            capacity = self.limits_for(identity).max_concurrent_work
         return AdmissionSnapshot(
             key=key, counters=dict(header.counters), limits=dict(header.limits),
             active=run.admission.active if run else 0,

@@ -194,7 +194,7 @@ class TaskRun:
         self.graph = FlatGraph(plan)
         self.container_args: dict[str, dict[str, Any]] = {}
         self.task_input = state.identity.input
-        capacity = runtime.limits_for(state.header).max_concurrent_work
+        capacity = runtime.limits_for(state.identity).max_concurrent_work
         self.admission = AdmissionController(key, capacity, self.clock, runtime.on_admission)
         if acquire is not None:
             # Until a fast start's first write is accepted, admission events are held back:

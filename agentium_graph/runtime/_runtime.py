@@ -194,7 +194,6 @@ class ExecutionGraphRuntime(OperatorAPI):
         self.lookup_timeout = lookup_timeout
         self.lookup_attempts = lookup_attempts
         self._active: dict[str, TaskRun] = {}
-        self._root_limits: dict[str, RootLimits] = {}
         self._limits_made: dict[tuple[type[Any], tuple[tuple[str, int], ...]], Any] = {}
         self._nested: dict[tuple[str, str, tuple[str, ...] | None], CompiledPlan] = {}
         self._compiled: dict[tuple[str, PlanLimits, tuple[str, ...] | None], CompiledPlan] = {}
@@ -393,8 +392,6 @@ class ExecutionGraphRuntime(OperatorAPI):
         if planned:
             # Applying a pending cancel needs no planner, so no program either.
             program = find_program(self._programs, identity, required=header.cancel is None)
-            self._root_limits[identity.key] = self._pinned_limits(RootLimits,
-                                                                  identity.root_limits)
         else:
             self._check_descriptors(identity)
             plan = self._compile(identity)
@@ -520,8 +517,9 @@ class ExecutionGraphRuntime(OperatorAPI):
             self._nested[key] = plan
         return plan
 
-    def limits_for(self, header: TaskHeader) -> RootLimits:
-        return self._root_limits.get(header.key) or self.limits
+    def limits_for(self, identity: TaskIdentity) -> RootLimits:
+        """The root limits the task pinned at create (one object per distinct value)."""
+        return self._pinned_limits(RootLimits, identity.root_limits)
 
     # --- sync wrappers --------------------------------------------------------------
     def create_sync(self, key: str, program: ExecutionGraphProgram, **kw: Any) -> TaskView:
@@ -592,7 +590,6 @@ class ExecutionGraphRuntime(OperatorAPI):
 
     def _compile(self, identity: TaskIdentity) -> CompiledPlan:
         assert identity.plan is not None
-        self._root_limits[identity.key] = self._pinned_limits(RootLimits, identity.root_limits)
         return self.compile_plan(identity.plan,
                                  self._pinned_limits(PlanLimits, identity.plan_limits),
                                  identity.grants, str(identity.program.get("plan_digest")))
