@@ -1,5 +1,6 @@
 """Review 17: SIGKILL around connector effects, agents' effect tool calls and planners, in
-fresh processes on the SQLite store, counting what the destination applied across processes.
+fresh processes on every durable store, counting what the destination applied across
+processes.
 
 What the effect/agent/planner windows of this suite did not cover: a kill inside the next
 run's lookup, a lookup that says Unknown or raises after a kill before dispatch, a kill
@@ -26,6 +27,7 @@ import pytest
 
 from acceptance._review17_worker import AMOUNT, read
 from acceptance._stores import open_store
+from acceptance.conftest import DURABLE_STORES, store_spec
 from agentium_graph import ExecutionGraphRuntime, HostCatalog, TaskView
 from agentium_graph.providers import read_call_log
 from agentium_graph.store import TaskSnapshot
@@ -36,12 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 @dataclass
 class Worker:
     folder: Path
+    spec: dict[str, Any]
     key: str = "task-1"
-
-    @property
-    def spec(self) -> dict[str, Any]:
-        return {"factory": "acceptance._stores:sqlite_store",
-                "kwargs": {"path": str(self.folder / "tasks.db")}}
 
     def run(self, **kw: Any) -> tuple[int, dict[str, Any] | None, str]:
         config = {"store": self.spec, "folder": str(self.folder), "key": self.key, **kw}
@@ -95,9 +93,9 @@ class Worker:
             await store.close()
 
 
-@pytest.fixture
-def worker(tmp_path: Path) -> Worker:
-    return Worker(tmp_path)
+@pytest.fixture(params=DURABLE_STORES)
+def worker(request: pytest.FixtureRequest, tmp_path: Path) -> Worker:
+    return Worker(tmp_path, store_spec(request.param, tmp_path, request))
 
 
 def check_books(before: TaskSnapshot, after: TaskSnapshot) -> None:
@@ -395,8 +393,8 @@ async def test_a_deadline_passed_after_a_crash_never_hides_an_applied_dispatch(
         worker: Worker) -> None:
     import time
 
-    worker.killed(create=True, connector_kill="dispatch_after_apply", deadline_s=1.0)
-    time.sleep(1.2)  # noqa: ASYNC251 - the deadline must pass while nobody runs the task
+    worker.killed(create=True, connector_kill="dispatch_after_apply", deadline_s=2.0)
+    time.sleep(2.2)  # noqa: ASYNC251 - the deadline must pass while nobody runs the task
     code, out, err = worker.run()
     assert code == 0 and out is not None and not out["ok"], (out, err)
     snap = await worker.snapshot()
