@@ -237,7 +237,9 @@ class InMemoryDurableTaskStore:
         task = self._task(request.key)
         header, journal, delta = acquire_with_steps(
             task.header, task.nodes, task.actions, task.admissions.keys(), request)
-        self._persist(task, header, journal, delta, request.blobs)
+        # The blobs belong to the steps' commit: without steps there is none (as in every
+        # durable store).
+        self._persist(task, header, journal, delta, request.blobs if delta is not None else {})
         snapshot = self._snapshot(task) if request.snapshot else None
         return LeaseGrant(fence=header.fence, expires_at=lease_expiry(request), header=header,
                           snapshot=snapshot, commit=None if delta is None else delta.result())

@@ -216,6 +216,7 @@ class AcquireLeaseRequest(_Req):
     write, exactly as :class:`CommitRequest` would apply them (all or nothing: if any step
     is refused, the lease is not taken either). A run that knows the task's state already
     (it just created it) starts its first ready nodes this way: one durable write, not two.
+    ``blobs`` without ``steps`` are not written: there is no commit to carry them.
     """
 
     key: str
