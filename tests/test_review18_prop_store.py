@@ -3,8 +3,18 @@ small explicit test)."""
 
 from __future__ import annotations
 
-from agentium_graph.store import AcquireLeaseRequest, InMemoryDurableTaskStore
-from agentium_graph.testing import T0, make_create_request
+import math
+
+from agentium_graph.errors import ErrorInfo
+from agentium_graph.store import (
+    AcquireLeaseRequest,
+    CommitRequest,
+    InMemoryDurableTaskStore,
+    RecordAction,
+    SetStatus,
+    SettleNode,
+)
+from agentium_graph.testing import T0, action_record, make_create_request
 
 
 async def test_an_acquire_without_steps_writes_no_blobs() -> None:
@@ -17,3 +27,26 @@ async def test_an_acquire_without_steps_writes_no_blobs() -> None:
         key="k", worker_id="w1", ttl_seconds=5.0, now=T0, blobs={digest: '{"v":1}'}))
     assert grant.commit is None
     assert await store.get_blobs([digest]) == {}
+
+
+async def test_non_finite_floats_are_stored_as_a_database_keeps_them() -> None:
+    """NaN and infinities in an error's details or an action's origin come back as null
+    from every durable store (JSON text); the memory store, which copies such values "as if
+    written to a database and read back", kept the floats."""
+    store = InMemoryDurableTaskStore()
+    await store.create_task(make_create_request("k"))
+    grant = await store.acquire_lease(AcquireLeaseRequest(key="k", worker_id="w1",
+                                                          ttl_seconds=5.0, now=T0))
+    error = ErrorInfo(code="boom", message="m",
+                      details={"nan": math.nan, "inf": [math.inf, -math.inf, 1.5]})
+    action = action_record("act", "n0").model_copy(update={"origin": {"ratio": math.nan}})
+    await store.commit(CommitRequest(key="k", worker_id="w1", fence=grant.fence, now=T0, steps=(
+        SettleNode(node_id="n0", state="failed", error=error), RecordAction(action=action),
+        SetStatus(status="failed", error=error))))
+    snapshot = await store.get_task("k")
+    assert snapshot is not None and snapshot.header.error is not None
+    stored = {"nan": None, "inf": [None, None, 1.5]}
+    assert snapshot.header.error.details == stored
+    assert snapshot.nodes["n0"].error is not None
+    assert snapshot.nodes["n0"].error.details == stored
+    assert snapshot.actions["act"].origin == {"ratio": None}

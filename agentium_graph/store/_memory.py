@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -81,9 +82,26 @@ from agentium_graph.store._transitions import (
 
 
 def _json_copy(value: dict[str, Any]) -> dict[str, Any]:
-    """A deep copy of ``value`` made of JSON values only (raises if it is not JSON)."""
-    copied: dict[str, Any] = to_jsonable_python(value)
+    """A deep copy of ``value`` made of JSON values only (raises if it is not JSON), as a
+    database keeps it: NaN and infinities become null, as in the JSON every durable store
+    writes."""
+    copied: dict[str, Any] = _finite(to_jsonable_python(value))
     return copied
+
+
+def _finite(value: Any) -> Any:
+    """``value`` (JSON values, its own copy) with every non-finite float replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        for name, item in value.items():
+            if isinstance(item, float | dict | list):
+                value[name] = _finite(item)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            if isinstance(item, float | dict | list):
+                value[index] = _finite(item)
+    return value
 
 
 def _own_error(error: ErrorInfo | None) -> ErrorInfo | None:
