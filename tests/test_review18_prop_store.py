@@ -1,5 +1,8 @@
-"""Regressions the differential store machine found in the memory store (each shrunk to a
-small explicit test)."""
+"""Differential, stateful test of the store protocol (agentium_graph.testing.differential):
+the memory store against a second memory store whose ``reopen`` rebuilds it from its rows
+as JSON text (the form tests/test_store_conformance_memory.py shares between processes).
+The SQLite and MongoDB variants run the same machine (stores/*/tests/test_review18_*).
+Below it, the regressions the machine found in the memory store, each shrunk to a test."""
 
 from __future__ import annotations
 
@@ -9,12 +12,38 @@ from agentium_graph.errors import ErrorInfo
 from agentium_graph.store import (
     AcquireLeaseRequest,
     CommitRequest,
+    DurableTaskStore,
     InMemoryDurableTaskStore,
     RecordAction,
     SetStatus,
     SettleNode,
 )
-from agentium_graph.testing import T0, action_record, make_create_request
+from agentium_graph.testing import T0, StoreHarness, action_record, make_create_request
+from agentium_graph.testing.differential import run_differential
+
+
+class RowsHarness(StoreHarness):
+    """A memory store that ``reopen`` rebuilds from its rows and blobs (a restart)."""
+
+    def __init__(self) -> None:
+        super().__init__(name="memory-rows", factory="agentium_graph.testing.memory:"
+                         "new_memory_store")
+        self.instance = InMemoryDurableTaskStore()
+
+    async def connect(self) -> DurableTaskStore:
+        return self.instance
+
+    async def reopen(self) -> DurableTaskStore:
+        old = self.instance
+        await self.close()
+        self.instance = InMemoryDurableTaskStore()
+        self.instance._rows = old._rows
+        self.instance._blobs = dict(old._blobs)
+        return await self.open()
+
+
+def test_memory_store_against_itself_through_rows() -> None:
+    run_differential(RowsHarness, max_examples=60, steps=40)
 
 
 async def test_an_acquire_without_steps_writes_no_blobs() -> None:
