@@ -7,18 +7,34 @@ Below it, the regressions the machine found in the memory store, each shrunk to 
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
 
-from agentium_graph.errors import ErrorInfo
+import pytest
+
+from agentium_graph.errors import ConfigurationError, ErrorInfo
 from agentium_graph.store import (
     AcquireLeaseRequest,
+    AppendJournal,
+    CancelTaskRequest,
+    Charge,
     CommitRequest,
     DurableTaskStore,
     InMemoryDurableTaskStore,
+    ListTasksRequest,
     RecordAction,
+    ReleaseLeaseRequest,
+    RenewLeaseRequest,
     SetStatus,
     SettleNode,
+    TimelineRequest,
 )
-from agentium_graph.testing import T0, StoreHarness, action_record, make_create_request
+from agentium_graph.testing import (
+    T0,
+    StoreHarness,
+    action_record,
+    capture,
+    make_create_request,
+)
 from agentium_graph.testing.differential import run_differential
 
 
@@ -79,3 +95,56 @@ async def test_non_finite_floats_are_stored_as_a_database_keeps_them() -> None:
     assert snapshot.nodes["n0"].error is not None
     assert snapshot.nodes["n0"].error.details == stored
     assert snapshot.actions["act"].origin == {"ratio": None}
+
+
+BAD = "\udcff"  # what Python decodes the byte 0xff of a command-line argument to
+BLOB = "sha256:" + "0" * 64
+SurrogateCall = Callable[[InMemoryDurableTaskStore, int], Awaitable[object]]
+SURROGATE_CALLS: dict[str, SurrogateCall] = {
+    "create_task": lambda s, f: s.create_task(
+        make_create_request("k2").model_copy(update={"admission_id": BAD})),
+    "create_task blobs": lambda s, f: s.create_task(make_create_request("k3", blobs={BLOB: BAD})),
+    "get_header": lambda s, f: s.get_header(BAD),
+    "get_task": lambda s, f: s.get_task(BAD),
+    "get_identity": lambda s, f: s.get_identity(BAD),
+    "list_tasks": lambda s, f: s.list_tasks(ListTasksRequest(after=BAD)),
+    "read_timeline": lambda s, f: s.read_timeline(TimelineRequest(key=BAD)),
+    "get_blobs": lambda s, f: s.get_blobs([BAD]),
+    "acquire_lease": lambda s, f: s.acquire_lease(AcquireLeaseRequest(
+        key="k", worker_id=BAD, ttl_seconds=5.0, now=T0)),
+    "renew_lease": lambda s, f: s.renew_lease(RenewLeaseRequest(
+        key="k", worker_id=BAD, fence=f, ttl_seconds=5.0, now=T0)),
+    "release_lease": lambda s, f: s.release_lease(ReleaseLeaseRequest(
+        key=BAD, worker_id="w1", fence=f, now=T0)),
+    "request_cancel": lambda s, f: s.request_cancel(CancelTaskRequest(
+        key="k", reason=BAD, now=T0)),
+    "commit journal": lambda s, f: s.commit(CommitRequest(
+        key="k", worker_id="w1", fence=f, now=T0, steps=(AppendJournal(kind=BAD),))),
+    "commit charge": lambda s, f: s.commit(CommitRequest(
+        key="k", worker_id="w1", fence=f, now=T0,
+        steps=(Charge(admission_id="a", charges={BAD: 1}),))),
+    "commit blobs": lambda s, f: s.commit(CommitRequest(
+        key="k", worker_id="w1", fence=f, now=T0, steps=(), blobs={BLOB: BAD})),
+    "commit action": lambda s, f: s.commit(CommitRequest(
+        key="k", worker_id="w1", fence=f, now=T0, steps=(RecordAction(
+            action=action_record("act", "n0", origin={"binding": BAD})),))),
+}
+
+
+@pytest.mark.parametrize("op", sorted(SURROGATE_CALLS))
+async def test_text_that_is_not_unicode_is_a_configuration_error(op: str) -> None:
+    """Text no store can encode (a lone surrogate) is a ConfigurationError from SQLite and
+    MongoDB, and changes nothing; the memory store raised a bare PydanticSerializationError
+    from some writes and stored it from others (a cancel reason, blob texts, a create's
+    admission id), so the test double accepted tasks no durable store would hold."""
+    store = InMemoryDurableTaskStore()
+    await store.create_task(make_create_request("k"))
+    grant = await store.acquire_lease(AcquireLeaseRequest(key="k", worker_id="w1",
+                                                          ttl_seconds=5.0, now=T0))
+    before = await capture(store, "k")
+    with pytest.raises(ConfigurationError) as info:
+        await SURROGATE_CALLS[op](store, grant.fence)
+    assert "not valid Unicode" in str(info.value)
+    assert await capture(store, "k") == before
+    assert await store.get_blobs([BLOB]) == {}
+    assert [h.key for h in await store.list_tasks(ListTasksRequest())] == ["k"]

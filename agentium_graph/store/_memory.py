@@ -27,6 +27,12 @@ collector nothing.
 Each operation runs without awaiting between its read and its write, which makes it atomic
 under any number of concurrent asyncio callers. A write makes every copy before it changes
 anything, so one refused while copying (data that is not JSON) changes nothing.
+
+Text no store can encode (a lone surrogate, what Python makes of an invalid byte in a
+command-line argument) is refused as the durable stores refuse it, with a
+:class:`~agentium_graph.ConfigurationError` naming the operation: keys, ids, reasons and
+blob texts are checked before anything is read, and what a write serializes (its journal
+entries, action records) before anything changes.
 """
 
 from __future__ import annotations
@@ -39,10 +45,10 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from pydantic_core import to_jsonable_python
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from agentium_graph._otel import traced_store
-from agentium_graph.errors import ErrorInfo, TaskNotFoundError
+from agentium_graph.errors import ConfigurationError, ErrorInfo, TaskNotFoundError
 from agentium_graph.store._records import (
     ActionRecord,
     JournalEntry,
@@ -102,6 +108,34 @@ def _finite(value: Any) -> Any:
             if isinstance(item, float | dict | list):
                 value[index] = _finite(item)
     return value
+
+
+def _not_text(op: str, detail: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"memory store: {op} was given text that is not valid Unicode ({detail}): a lone "
+        "surrogate, as Python decodes an invalid byte of a command-line argument. Pass keys, "
+        "ids and texts as valid UTF-8 text; the task was not changed", details={"op": op})
+
+
+def _unicode_error(op: str, exc: PydanticSerializationError) -> Exception:
+    """The error for a record the JSON encoder refused: typed if it held a lone surrogate;
+    anything else (data that is not JSON at all) is raised as it is."""
+    return _not_text(op, str(exc)) if "UnicodeEncodeError" in str(exc) else exc
+
+
+def _check_text(op: str, *texts: str | None) -> None:
+    """Refuse a string no store can encode (checked before anything is read or written)."""
+    for text in texts:
+        if text is not None and not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise _not_text(op, str(exc)) from None
+
+
+def _check_blobs(op: str, blobs: dict[str, str]) -> None:
+    for digest_, text in blobs.items():
+        _check_text(op, digest_, text)
 
 
 def _own_error(error: ErrorInfo | None) -> ErrorInfo | None:
@@ -198,7 +232,11 @@ class InMemoryDurableTaskStore:
 
     async def create_task(self, request: CreateTaskRequest) -> CreateTaskResult:
         await asyncio.sleep(0)
-        key = request.header.key
+        header = request.header
+        key = header.key
+        _check_text("create_task", key, header.task_id, header.identity_digest,
+                    request.admission_id)
+        _check_blobs("create_task", request.blobs)
         task = self._tasks.get(key)
         if task is not None:
             if task.header.identity_digest != request.header.identity_digest:
@@ -206,8 +244,11 @@ class InMemoryDurableTaskStore:
                                   request.identity)
             return CreateTaskResult(created=False, header=_own_header(task.header))
         entry = creation_entry(request)
-        task = _Task(header=_own_header(request.header),
-                     identity=request.identity.model_dump_json(),
+        try:
+            identity = request.identity.model_dump_json()
+        except PydanticSerializationError as exc:
+            raise _unicode_error("create_task", exc) from None
+        task = _Task(header=_own_header(request.header), identity=identity,
                      nodes={node.node_id: _own_node(node) for node in request.nodes},
                      admissions={request.admission_id: {}}, journal=[record_json(entry)])
         for digest_, text in request.blobs.items():
@@ -217,11 +258,13 @@ class InMemoryDurableTaskStore:
 
     async def get_header(self, key: str) -> TaskHeader | None:
         await asyncio.sleep(0)
+        _check_text("get_header", key)
         task = self._tasks.get(key)
         return None if task is None else _own_header(task.header)
 
     async def get_task(self, key: str) -> TaskSnapshot | None:
         await asyncio.sleep(0)
+        _check_text("get_task", key)
         task = self._tasks.get(key)
         return None if task is None else self._snapshot(task)
 
@@ -234,11 +277,13 @@ class InMemoryDurableTaskStore:
 
     async def get_identity(self, key: str) -> TaskIdentity | None:
         await asyncio.sleep(0)
+        _check_text("get_identity", key)
         task = self._tasks.get(key)
         return None if task is None else TaskIdentity.model_validate_json(task.identity)
 
     async def list_tasks(self, request: ListTasksRequest) -> list[TaskHeader]:
         await asyncio.sleep(0)
+        _check_text("list_tasks", request.after)
         out: list[TaskHeader] = []
         for key in sorted(self._tasks):
             if request.after is not None and key <= request.after:
@@ -252,18 +297,22 @@ class InMemoryDurableTaskStore:
 
     async def acquire_lease(self, request: AcquireLeaseRequest) -> LeaseGrant:
         await asyncio.sleep(0)
+        _check_text("acquire_lease", request.key, request.worker_id)
+        _check_blobs("acquire_lease", request.blobs)
         task = self._task(request.key)
         header, journal, delta = acquire_with_steps(
             task.header, task.nodes, task.actions, task.admissions.keys(), request)
         # The blobs belong to the steps' commit: without steps there is none (as in every
         # durable store).
-        self._persist(task, header, journal, delta, request.blobs if delta is not None else {})
+        self._persist("acquire_lease", task, header, journal, delta,
+                      request.blobs if delta is not None else {})
         snapshot = self._snapshot(task) if request.snapshot else None
         return LeaseGrant(fence=header.fence, expires_at=lease_expiry(request), header=header,
                           snapshot=snapshot, commit=None if delta is None else delta.result())
 
     async def renew_lease(self, request: RenewLeaseRequest) -> LeaseStatus:
         await asyncio.sleep(0)
+        _check_text("renew_lease", request.key, request.worker_id)
         task = self._task(request.key)
         header = renew_lease(task.header, request)
         task.header = _own_header(header)
@@ -273,6 +322,7 @@ class InMemoryDurableTaskStore:
 
     async def release_lease(self, request: ReleaseLeaseRequest) -> TaskHeader:
         await asyncio.sleep(0)
+        _check_text("release_lease", request.key, request.worker_id)
         task = self._task(request.key)
         header = release_lease(task.header, request)
         task.header = _own_header(header)
@@ -280,6 +330,7 @@ class InMemoryDurableTaskStore:
 
     async def request_cancel(self, request: CancelTaskRequest) -> TaskHeader:
         await asyncio.sleep(0)
+        _check_text("request_cancel", request.key, request.reason)
         task = self._task(request.key)
         header = request_cancel(task.header, request)
         if header is None:
@@ -289,23 +340,31 @@ class InMemoryDurableTaskStore:
 
     async def commit(self, request: CommitRequest) -> CommitResult:
         await asyncio.sleep(0)
+        _check_text("commit", request.key, request.worker_id)
+        _check_blobs("commit", request.blobs)
         task = self._task(request.key)
         # The whole task is at hand: the state machine reads the stored records themselves
         # (it never changes what it is given), so nothing is gathered per commit.
         delta = apply_commit(task.header, task.nodes, task.actions, task.admissions.keys(),
                              request)
-        self._persist(task, delta.header, delta.journal, delta, request.blobs)
+        self._persist("commit", task, delta.header, delta.journal, delta, request.blobs)
         return delta.result()
 
-    def _persist(self, task: _Task, header: TaskHeader, journal: list[JournalEntry],
-                 delta: Delta | None, blobs: dict[str, str]) -> None:
+    def _persist(self, op: str, task: _Task, header: TaskHeader,
+                 journal: list[JournalEntry], delta: Delta | None,
+                 blobs: dict[str, str]) -> None:
         # Callers never await between loading and this write: atomic for asyncio callers.
         # Every copy is made before anything changes: a copy that fails changes nothing.
         own_header = _own_header(header)
-        own_journal = [e.__pydantic_serializer__.to_json(e).decode() for e in journal]
         nodes = {} if delta is None else {k: _own_node(v) for k, v in delta.nodes.items()}
         actions = {} if delta is None else {
             k: _own_action(v) for k, v in delta.actions.items()}
+        try:
+            own_journal = [e.__pydantic_serializer__.to_json(e).decode() for e in journal]
+            for action in actions.values():  # what a database would have to encode
+                record_json(action)
+        except PydanticSerializationError as exc:
+            raise _unicode_error(op, exc) from None
         for digest_, text in blobs.items():
             self._blobs.setdefault(digest_, text)
         task.nodes.update(nodes)
@@ -318,10 +377,12 @@ class InMemoryDurableTaskStore:
 
     async def get_blobs(self, digests: Sequence[str]) -> dict[str, str]:
         await asyncio.sleep(0)
+        _check_text("get_blobs", *digests)
         return {d: self._blobs[d] for d in digests if d in self._blobs}
 
     async def read_timeline(self, request: TimelineRequest) -> list[JournalEntry]:
         await asyncio.sleep(0)
+        _check_text("read_timeline", request.key)
         task = self._task(request.key)
         # Journal seq n is at index n-1; entries are appended in seq order.
         window = task.journal[request.after_seq:request.after_seq + request.limit]
