@@ -59,7 +59,7 @@ class RowsHarness(StoreHarness):
 
 
 def test_memory_store_against_itself_through_rows() -> None:
-    run_differential(RowsHarness, max_examples=60, steps=40)
+    run_differential(RowsHarness, max_examples=40, steps=80)
 
 
 async def test_an_acquire_without_steps_writes_no_blobs() -> None:

@@ -50,6 +50,7 @@ from pydantic import BaseModel
 from agentium_graph.errors import AgentiumGraphError
 from agentium_graph.store._memory import InMemoryDurableTaskStore
 from agentium_graph.store._protocol import DurableTaskStore
+from agentium_graph.store._records import TERMINAL_TASK
 from agentium_graph.store._requests import (
     AcquireLeaseRequest,
     CancelTaskRequest,
@@ -232,16 +233,32 @@ class StoreDifferentialMachine(RuleBasedStateMachine):
 
     @rule(data=st.data(), second=st.integers(0, 4))
     def work(self, data: st.DataObject, second: int) -> None:
-        """The holder of a lease commits one or two steps under its fence."""
-        held = []
+        """The holder of a lease commits a few steps under its fence (a worker takes a
+        lease first when no task has one)."""
+        held, live = [], []
         for key in gen.KEYS:
             header = self._run(self.reference.get_header(key))
             if header is not None and header.lease is not None:
                 held.append((key, header.lease.owner, header.lease.fence))
-        if not held:
-            return
-        key, worker, fence = data.draw(st.sampled_from(held), label="lease")
-        self._commit(data, key, worker, fence, second=second == 0, max_steps=2)
+            elif header is not None and header.status not in TERMINAL_TASK:
+                live.append(key)
+        if not held and live:
+            key = data.draw(st.sampled_from(live), label="key")
+            worker = data.draw(st.sampled_from(gen.WORKERS), label="worker")
+            lease = AcquireLeaseRequest(key=key, worker_id=worker, ttl_seconds=30.0,
+                                        now=self.clock())
+            outcome = self._both(lambda s: s.acquire_lease(lease), key=key)
+            self._granted(key, worker, outcome)
+            if outcome[0] == "ok":
+                held.append((key, worker, outcome[1]["fence"]))
+        if held:
+            key, worker, fence = data.draw(st.sampled_from(held), label="lease")
+            self._commit(data, key, worker, fence, second=second == 0, max_steps=3)
+
+    @rule(data=st.data(), second=st.integers(0, 4))
+    def work_more(self, data: st.DataObject, second: int) -> None:
+        """(``work`` again: most of a sequence's calls should make progress.)"""
+        self.work(data, second)
 
     @rule(data=st.data(), key=st.sampled_from(gen.KEYS), worker=st.sampled_from(gen.WORKERS),
           second=st.integers(0, 4))

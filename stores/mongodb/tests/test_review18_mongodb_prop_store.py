@@ -19,4 +19,4 @@ def test_mongodb_store_against_the_memory_store(mongodb_server: MongoServer) -> 
 
     def discard(used: StoreHarness) -> None:
         mongodb_server.drop_database(used.factory_kwargs["database"])
-    run_differential(harness, max_examples=6, steps=30, discard=discard)
+    run_differential(harness, max_examples=6, steps=60, discard=discard)

@@ -17,4 +17,4 @@ def test_sqlite_store_against_the_memory_store(tmp_path: Path) -> None:
     def harness() -> FactoryHarness:
         return FactoryHarness(name="sqlite", factory="agentium_graph_sqlite.testing:open_store",
                               factory_kwargs={"path": str(tmp_path / f"{next(numbers)}.db")})
-    run_differential(harness, max_examples=30, steps=40)
+    run_differential(harness, max_examples=20, steps=80)
