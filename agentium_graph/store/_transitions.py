@@ -85,6 +85,10 @@ ACTION_TRANSITIONS: dict[str, frozenset[str]] = {
     "rejected": frozenset(),
 }
 
+# The largest counter value every store can hold (MongoDB's integers are int64): an
+# unlimited counter stops here, as the runtime's clamp_usage stops token counts.
+MAX_COUNTER = 2**63 - 1
+
 # Which counter each limit bounds (limits are pinned in the task header).
 COUNTER_LIMITS = ("expanded_nodes", "work_attempts", "plan_revisions", "tool_calls",
                   "model_calls", "input_tokens", "output_tokens")
@@ -228,7 +232,9 @@ class _Apply:
                                              "are never refunded")
             limit = limits.get(name)
             used = self.counters.get(name, 0)
-            if limit is not None and used + amount > limit:
+            if limit is None or limit > MAX_COUNTER:
+                limit = MAX_COUNTER  # a counter stops where every store can hold it
+            if used + amount > limit:
                 raise BudgetExhaustedError(self.header.key, name, used, amount, limit,
                                            node_id=node_id)
         for name, amount in amounts.items():

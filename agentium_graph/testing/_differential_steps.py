@@ -122,7 +122,7 @@ def _error(draw: st.DrawFn) -> ErrorInfo | None:
 
 def _charges(draw: st.DrawFn) -> dict[str, int]:
     names = draw(st.lists(st.sampled_from(COUNTER_NAMES), max_size=2, unique=True))
-    return {n: draw(st.sampled_from((0, 1, 1, 1, 2, 3, 2**40, -1))) for n in names}
+    return {n: draw(st.sampled_from((0, 1, 1, 1, 2, 3, 2**62, -1))) for n in names}
 
 
 def _node_id(draw: st.DrawFn, view: View) -> str:

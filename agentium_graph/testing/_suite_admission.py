@@ -38,6 +38,19 @@ class AdmissionTests(SuiteBase):
                    if e.kind == "admission_charged"]
         assert charged == ["adm-1", "adm-2"]
 
+    async def test_an_unlimited_counter_stops_at_the_largest_int64(
+            self, store: DurableTaskStore) -> None:
+        """Every store can hold a counter up to 2**63-1 (MongoDB's integers are int64): a
+        charge past it is refused like one past a limit, and changes nothing."""
+        fence = await self.leased(store)
+        top = 2**63 - 1
+        await commit(store, KEY, W1, fence, _charge("a", top - 1, "input_tokens"))
+        error = await rejected(store, KEY, BudgetExhaustedError, commit(
+            store, KEY, W1, fence, _charge("b", 2, "input_tokens")))
+        assert (error.counter, error.limit) == ("input_tokens", top)
+        await commit(store, KEY, W1, fence, _charge("c", 1, "input_tokens"))
+        assert (await self.counters(store))["input_tokens"] == top
+
     async def test_admission_ids_survive_a_new_lease(self, store: DurableTaskStore) -> None:
         fence = await self.leased(store)
         await commit(store, KEY, W1, fence, _charge("adm-1"))
