@@ -30,7 +30,7 @@ from agentium_graph.errors import (
     LeaseHeldError,
     NodeInputError,
     StaleFenceError,
-    StoreUnavailableError,
+    StoreError,
 )
 from agentium_graph.plan._validate import CompiledPlan, resolve_args
 from agentium_graph.runtime import _containers as containers
@@ -790,9 +790,20 @@ class TaskRun:
                 begin_stop(self, Stop("canceled", exc))
                 self.wake.set()
                 return
-            except StoreUnavailableError as exc:
+            except StoreError as exc:
+                # A driver failure (unavailable or not): the next interval tries again, and
+                # the run's own commits meet any failure that persists.
                 log.warning("task %s: lease renewal failed, will retry: %s", self.key, exc)
                 continue
+            except Exception as exc:
+                # Anything else (a store bug, a task that vanished): the lease can no longer
+                # be kept, so the run stops with it rather than going on unleased.
+                log.warning("task %s: lease renewal failed (%r); stopping this run",
+                            self.key, exc)
+                self.lost = exc
+                begin_stop(self, Stop("canceled", AgentiumGraphError(str(exc))))
+                self.wake.set()
+                return
             if status.cancel is not None and self.cancel_reason is None:
                 self.request_cancel(status.cancel.reason)
             elif self.header.deadline is not None and self.clock() >= self.header.deadline:

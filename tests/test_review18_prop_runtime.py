@@ -1,0 +1,718 @@
+"""Property-based, differential tests of the runtime against a reference evaluator.
+
+Hypothesis draws random valid task graphs of pure tools (``tests/_review18_prop_model.py``):
+fan-outs and joins, ``dependsOn`` / ``inputsFrom``, ``$ref`` paths (whole outputs and refs
+nested in lists and dicts of args), sync and async tools, tools that fail for some inputs,
+nested graph and repeat bindings, random plan and root concurrency. Each task runs on the
+in-memory store and on a SQLite file, and is checked against the reference and across the
+two stores; then runs are interrupted at random store calls (a dying worker, a store that
+fails, ``run()`` canceled) and budgets run out at random points, and the recovered task
+must still end as the reference says, without re-running completed work or refunding.
+
+Deterministic in CI (``derandomize=True``); ``HYPOTHESIS_PROFILE=deep`` runs many more
+examples with random seeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from agentium_graph import (
+    AgentiumGraphError,
+    BudgetExhaustedError,
+    Budgets,
+    DurableTaskStore,
+    ExecutionGraphProgram,
+    ExecutionGraphRuntime,
+    HostCatalog,
+    InMemoryDurableTaskStore,
+    NodeFailedError,
+    RootLimits,
+    StoreError,
+    StoreUnavailableError,
+    TaskResult,
+    TaskView,
+    ToolBinding,
+)
+from agentium_graph.store import (
+    AcquireLeaseRequest,
+    CancelTaskRequest,
+    CommitRequest,
+    CommitResult,
+    CreateTaskRequest,
+    CreateTaskResult,
+    JournalEntry,
+    LeaseGrant,
+    LeaseStatus,
+    ListTasksRequest,
+    ReleaseLeaseRequest,
+    RenewLeaseRequest,
+    StoreCapabilities,
+    TaskHeader,
+    TaskIdentity,
+    TaskSnapshot,
+    TimelineRequest,
+)
+from agentium_graph_sqlite import SQLiteDurableTaskStore
+from tests._review18_prop_model import Case, Executions, Reference, cases, catalog, evaluate
+from tests.conftest import ManualClock, wait_until
+
+DEEP = os.environ.get("HYPOTHESIS_PROFILE") == "deep"
+KEY = "prop-task"
+TERMINAL_NODE = {"completed", "failed", "canceled", "uncertain", "tombstoned"}
+
+
+# The whole deep run of a test is one pytest item: give it time.
+pytestmark = pytest.mark.timeout(7200 if DEEP else 120)
+
+
+def prop_settings(examples: int) -> settings:
+    return settings(derandomize=not DEEP, deadline=None,
+                    max_examples=examples * 25 if DEEP else examples,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+                    database=None)
+
+
+# --- store wrapper -------------------------------------------------------------------------
+class Crash(BaseException):
+    """The worker died (like a SIGKILL: nothing after it runs in that process)."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Where one run is interrupted: at its ``at``-th write (commit or lease acquisition).
+
+    ``mode``: ``crash_before`` / ``crash_after`` (the worker dies before the write or right
+    after it landed; every later call of that worker fails too), ``unavailable_before`` /
+    ``unavailable_after`` (that one call raises StoreUnavailableError, after it landed in the
+    second case), ``cancel`` (``run()`` is canceled while the write is in flight);
+    ``renew_error``: the ``at``-th lease renewal raises StoreError (the run goes on).
+    """
+
+    at: int
+    mode: str
+
+
+class Faulty:
+    """Wraps a store; injects one :class:`Fault` at the store boundary (no test-only branch
+    in the library: the runtime calls store methods by name)."""
+
+    def __init__(self, inner: DurableTaskStore, fault: Fault | None) -> None:
+        self.inner = inner
+        self.fault = fault
+        self.writes = 0
+        self.renewals = 0
+        self.dead = False
+        self.fired = False
+
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        return self.inner.capabilities
+
+    def _alive(self) -> None:
+        if self.dead:
+            raise Crash("this worker is dead")
+
+    async def _write(self, call: Any) -> Any:
+        self._alive()
+        self.writes += 1
+        fault = self.fault
+        if fault is None or self.fired or self.writes != fault.at or \
+                fault.mode == "renew_error":
+            return await call()
+        self.fired = True
+        if fault.mode == "crash_before":
+            self.dead = True
+            raise Crash("died before the write")
+        if fault.mode == "unavailable_before":
+            raise StoreUnavailableError("injected: the store is unreachable")
+        if fault.mode == "cancel":
+            current = asyncio.current_task()
+            assert current is not None
+            current.cancel()
+            return await call()
+        await call()
+        if fault.mode == "crash_after":
+            self.dead = True
+            raise Crash("died right after the write landed")
+        assert fault.mode == "unavailable_after"
+        raise StoreUnavailableError("injected: the answer of a write that landed was lost")
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        result: CommitResult = await self._write(lambda: self.inner.commit(request))
+        return result
+
+    async def acquire_lease(self, request: AcquireLeaseRequest) -> LeaseGrant:
+        grant: LeaseGrant = await self._write(lambda: self.inner.acquire_lease(request))
+        return grant
+
+    async def renew_lease(self, request: RenewLeaseRequest) -> LeaseStatus:
+        self._alive()
+        fault = self.fault
+        if fault is not None and fault.mode == "renew_error" and not self.fired:
+            self.renewals += 1
+            if self.renewals == (fault.at - 1) % 2 + 1:
+                self.fired = True
+                raise StoreError("injected: a renewal failed (disk I/O error)")
+        return await self.inner.renew_lease(request)
+
+    async def release_lease(self, request: ReleaseLeaseRequest) -> TaskHeader:
+        self._alive()
+        return await self.inner.release_lease(request)
+
+    async def create_task(self, request: CreateTaskRequest) -> CreateTaskResult:
+        self._alive()
+        return await self.inner.create_task(request)
+
+    async def get_header(self, key: str) -> TaskHeader | None:
+        self._alive()
+        return await self.inner.get_header(key)
+
+    async def get_task(self, key: str) -> TaskSnapshot | None:
+        self._alive()
+        return await self.inner.get_task(key)
+
+    async def get_identity(self, key: str) -> TaskIdentity | None:
+        self._alive()
+        return await self.inner.get_identity(key)
+
+    async def list_tasks(self, request: ListTasksRequest) -> list[TaskHeader]:
+        self._alive()
+        return await self.inner.list_tasks(request)
+
+    async def request_cancel(self, request: CancelTaskRequest) -> TaskHeader:
+        self._alive()
+        return await self.inner.request_cancel(request)
+
+    async def get_blobs(self, digests: Sequence[str]) -> dict[str, str]:
+        self._alive()
+        return await self.inner.get_blobs(digests)
+
+    async def read_timeline(self, request: TimelineRequest) -> list[JournalEntry]:
+        self._alive()
+        return await self.inner.read_timeline(request)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def __aenter__(self) -> Faulty:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+
+# --- running and observing -----------------------------------------------------------------
+class Stores:
+    """Opens handles on one data set: the memory store (one object: it is the process), or
+    one SQLite file (a new handle per worker, as a new process would open)."""
+
+    def __init__(self, kind: str, directory: str) -> None:
+        self.kind = kind
+        self.path = Path(directory) / "tasks.db"
+        self.memory = InMemoryDurableTaskStore()
+        self.handles: list[DurableTaskStore] = []
+
+    def open(self) -> DurableTaskStore:
+        if self.kind == "memory":
+            return self.memory
+        store = SQLiteDurableTaskStore(self.path, synchronous="NORMAL")
+        self.handles.append(store)
+        return store
+
+    async def close(self) -> None:
+        for store in self.handles:
+            await store.close()
+
+
+@dataclass
+class Observed:
+    result: TaskResult | None
+    error: BaseException | None
+    view: TaskView
+    journal: list[JournalEntry]
+
+
+async def walk_timeline(rt: ExecutionGraphRuntime, limit: int) -> list[JournalEntry]:
+    """The whole journal read in pages of ``limit``, checked against one big read."""
+    events: list[JournalEntry] = []
+    cursor: str | None = None
+    total = None
+    for _ in range(100_000):
+        page = await rt.timeline(KEY, cursor=cursor, limit=limit)
+        assert total is None or page.total == total
+        total = page.total
+        assert len(page.events) <= limit
+        events.extend(page.events)
+        if page.next_cursor is None:
+            break
+        assert page.events, "a page with a next cursor is never empty"
+        cursor = page.next_cursor
+    assert [e.seq for e in events] == list(range(1, len(events) + 1)), \
+        "timeline pages have gaps or repeats"
+    assert total == len(events)
+    whole = (await rt.timeline(KEY, limit=1000)).events
+    if len(events) <= 1000:
+        assert list(whole) == events
+    return events
+
+
+async def observe(rt: ExecutionGraphRuntime, limit: int) -> tuple[TaskView, list[JournalEntry]]:
+    view = await rt.inspect(KEY)
+    assert view.verified, view.problems
+    journal = await walk_timeline(rt, limit)
+    assert view.journal_length == len(journal)
+    return view, journal
+
+
+def settled_run_error(error: BaseException | None) -> None:
+    if error is not None and not isinstance(error, AgentiumGraphError):
+        raise error
+
+
+# --- checks --------------------------------------------------------------------------------
+def check_nodes_sane(view: TaskView, journal: list[JournalEntry]) -> None:
+    fences = {e.fence for e in journal if e.kind == "lease_acquired"}
+    for node_id, node in view.nodes.items():
+        numbers = [a.number for a in node.attempts]
+        assert numbers == list(range(1, len(numbers) + 1)), (node_id, numbers)
+        node_fences = [a.fence for a in node.attempts]
+        assert all(a < b for a, b in itertools.pairwise(node_fences)), \
+            f"{node_id}: attempt fences not strictly increasing: {node_fences}"
+        for a in node.attempts:
+            assert a.fence in fences, f"{node_id}: attempt under fence {a.fence} never granted"
+            assert a.fence <= view.fence
+        for a in node.attempts[:-1]:
+            assert a.outcome == "interrupted", (node_id, [x.outcome for x in node.attempts])
+        if node.attempts:
+            last = node.attempts[-1].outcome
+            expected = {"completed": "completed", "failed": "failed", "canceled": "canceled",
+                        "running": None}.get(node.state, "?")
+            assert last == expected or (node.state == "canceled" and last is None), \
+                f"{node_id} is {node.state} with its last attempt {last}"
+        if node.state == "completed":
+            assert node.output_digest is not None
+        else:
+            assert node.output is None
+        if node.parent is not None:
+            assert node.parent in view.nodes
+            assert view.nodes[node.parent].state != "pending" or not node.attempts
+
+
+def check_counters(view: TaskView) -> None:
+    assert view.counters["expanded_nodes"] == len(view.nodes)
+    scopes = {n.node_id.rsplit("/", 1)[0] for n in view.nodes.values() if n.parent is not None}
+    assert view.counters["plan_revisions"] == 1 + len(scopes)
+    leaf_attempts = sum(len(n.attempts) for n in view.nodes.values() if n.kind == "tool")
+    assert view.counters["work_attempts"] == leaf_attempts
+    assert view.counters["tool_calls"] == leaf_attempts
+    for name, value in view.counters.items():
+        limit = view.limits.get(name)
+        assert limit is None or value <= limit, (name, value, limit)
+
+
+def check_completed_outputs(view: TaskView, ref: Reference) -> None:
+    for node_id, node in view.nodes.items():
+        assert node_id in ref.outcomes, f"{node_id} was materialized but the plan has no such node"
+        outcome = ref.outcomes[node_id]
+        if node.state == "completed":
+            assert outcome.kind == "ok", f"{node_id} completed but the reference says {outcome}"
+            assert node.output == outcome.output, node_id
+        if outcome.kind == "blocked":
+            assert not node.attempts, f"{node_id} started although a dependency failed"
+
+
+def check_concurrency(case: Case, view: TaskView, executions: Executions) -> None:
+    """No more leaves ran at once than the root limit, nor in one scope than its plan's
+    max_concurrency (containers hold no slot)."""
+    for scope, peak in executions.peak.items():
+        if scope == "*":
+            assert peak <= case.max_concurrent_work, (peak, case.max_concurrent_work)
+            continue
+        if scope == "":
+            allowed = case.plan.max_concurrency
+        else:
+            container = scope[:-1]
+            if container not in view.nodes:  # a repeat iteration: <container>/<i>/
+                container = container.rsplit("/", 1)[0]
+            allowed = case.container_map[view.nodes[container].binding].plan.max_concurrency
+        assert peak <= allowed, f"{peak} leaves of scope {scope!r} ran at once, limit {allowed}"
+
+
+def check_final(case: Case, ref: Reference, obs: Observed, executions: Executions,
+                interrupted: bool) -> None:
+    """A task that ran to its end (completed or failed) agrees with the reference."""
+    view = obs.view
+    check_nodes_sane(view, obs.journal)
+    check_counters(view)
+    check_completed_outputs(view, ref)
+    counts = executions.count()
+    for node_id, node in view.nodes.items():
+        if node.kind == "tool":
+            n = counts.get(node_id, 0)
+            assert n <= len(node.attempts), (node_id, n, len(node.attempts))
+            if not interrupted:
+                assert n == len(node.attempts), (node_id, n, len(node.attempts))
+    if not interrupted:
+        check_concurrency(case, view, executions)
+    assert set(counts) <= set(view.nodes)
+    if ref.completes:
+        assert obs.error is None, f"the reference completes; the run raised {obs.error!r}"
+        assert obs.result is not None and obs.result.status == "completed"
+        assert obs.result.output == ref.output()
+        assert view.status == "completed"
+        assert set(view.nodes) == set(ref.outcomes)
+        assert all(n.state == "completed" for n in view.nodes.values())
+        assert view.counters["expanded_nodes"] == ref.expanded_nodes()
+        assert view.counters["plan_revisions"] == ref.plan_revisions()
+        if not interrupted:
+            assert view.counters["tool_calls"] == len(ref.leaves)
+            assert counts == dict.fromkeys(ref.leaves, 1)
+        return
+    assert isinstance(obs.error, NodeFailedError), \
+        f"the reference fails at {sorted(ref.failing)}; the run gave {obs.error!r}"
+    assert view.status == "failed"
+    failing = ref.failing
+    assert obs.error.node_id in failing, (obs.error.node_id, failing)
+    assert view.error is not None and view.error.node_id == obs.error.node_id
+    failed = {n for n, v in view.nodes.items() if v.state == "failed"}
+    failed_leaves = {n for n in failed if view.nodes[n].kind == "tool"}
+    assert obs.error.node_id in failed_leaves
+    assert failed_leaves <= failing, failed_leaves - failing
+    holders = {a for n in failed_leaves for a in ref.ancestors(n)}
+    first = set(ref.ancestors(obs.error.node_id))
+    assert first <= failed, f"containers of the failed node not failed: {first - failed}"
+    assert failed - failed_leaves <= holders
+    for node_id, node in view.nodes.items():
+        assert node.state in ("completed", "failed", "canceled"), (node_id, node.state)
+
+
+def normalized(view: TaskView, journal: list[JournalEntry], exact_order: bool) -> Any:
+    """What two stores must agree on: everything but timestamps and the random task id."""
+    nodes = {}
+    for node_id, n in view.nodes.items():
+        nodes[node_id] = (
+            n.state, n.kind, n.binding, n.version, n.revision, n.incarnation_id, n.parent,
+            n.deps, n.input_digest, n.output, n.output_digest,
+            None if n.error is None else (n.error.code, n.error.node_id),
+            [(a.number, a.attempt_id, a.fence, a.worker_id, a.admission_id, a.input_digest,
+              a.outcome) for a in n.attempts])
+    entries = [(e.kind, e.node_id, e.fence, e.data) for e in journal]
+    if not exact_order:
+        entries.sort(key=repr)
+    return {
+        "status": view.status, "revision": view.revision, "counters": view.counters,
+        "limits": view.limits, "identity": view.identity_digest,
+        "catalog": view.catalog_digest, "fence": view.fence,
+        "error": None if view.error is None else (view.error.code, view.error.node_id),
+        "nodes": nodes, "journal": entries, "journal_length": view.journal_length,
+    }
+
+
+async def run_once(case: Case, kind: str, directory: str, limit: int,
+                   budgets: Budgets | None = None) -> tuple[Observed, Executions]:
+    executions = Executions()
+    cat = catalog(case, executions)
+    stores = Stores(kind, directory)
+    try:
+        rt = ExecutionGraphRuntime(catalog=cat, store=stores.open())
+        await rt.create(KEY, case.program(), input=case.input, budgets=budgets,
+                        limits=RootLimits(max_concurrent_work=case.max_concurrent_work))
+        result: TaskResult | None = None
+        error: BaseException | None = None
+        try:
+            result = await rt.run(KEY, "w0")
+        except AgentiumGraphError as exc:
+            error = exc
+        view, journal = await observe(rt, limit)
+        return Observed(result, error, view, journal), executions
+    finally:
+        await stores.close()
+
+
+# --- 1. plain runs on both stores ----------------------------------------------------------
+@prop_settings(40)
+@given(case=cases(), limit=st.integers(1, 7))
+def test_random_plans_match_the_reference_on_both_stores(case: Case, limit: int) -> None:
+    ref = evaluate(case)
+    event("completes" if ref.completes else "fails")
+    event(f"containers: {len(case.containers)}, nodes: {len(ref.outcomes)}")
+
+    async def main() -> None:
+        with tempfile.TemporaryDirectory() as directory:
+            memory, mem_exec = await run_once(case, "memory", directory, limit)
+            sqlite, sql_exec = await run_once(case, "sqlite", directory, limit)
+        for obs, executions in ((memory, mem_exec), (sqlite, sql_exec)):
+            check_final(case, ref, obs, executions, interrupted=False)
+        deterministic = ref.completes or not case.suspends()
+        if deterministic:
+            assert normalized(memory.view, memory.journal, not case.suspends()) == \
+                normalized(sqlite.view, sqlite.journal, not case.suspends())
+        else:  # a failure stops work whose progress depends on timing: compare the rest
+            assert memory.view.status == sqlite.view.status
+            assert memory.view.identity_digest == sqlite.view.identity_digest
+            for node_id in set(memory.view.nodes) & set(sqlite.view.nodes):
+                a, b = memory.view.nodes[node_id], sqlite.view.nodes[node_id]
+                assert a.incarnation_id == b.incarnation_id
+                if a.state == b.state == "completed":
+                    assert a.output_digest == b.output_digest
+
+    asyncio.run(main())
+
+
+# --- 2. interrupted runs and budgets -------------------------------------------------------
+FAULT_MODES = ("crash_before", "crash_after", "unavailable_before", "unavailable_after",
+               "cancel", "renew_error")
+POLL = 0.003  # lease renewals every 3 ms, so that renewal faults meet running work
+LEASE_TTL = 15.0
+
+
+def _clock(offset: timedelta) -> Any:
+    return lambda: datetime.now(UTC) + offset
+
+
+@dataclass
+class History:
+    """What the runs of one task did, run by run."""
+
+    views: list[TaskView] = field(default_factory=list)
+    outcomes: list[str] = field(default_factory=list)
+
+
+def check_progress(before: TaskView, after: TaskView, executions: Executions, run: int) -> None:
+    """Between two observations around one run: nothing goes backwards, nothing completed is
+    run again, and the run's new attempts carry a fence newer than any before it."""
+    for name, value in before.counters.items():
+        assert after.counters[name] >= value, f"{name} went down: {value} -> {after.counters[name]}"
+    for name, value in after.counters.items():
+        limit = after.limits.get(name)
+        assert limit is None or value <= limit, (name, value, limit)
+    assert after.fence >= before.fence
+    assert after.journal_length >= before.journal_length
+    assert set(before.nodes) <= set(after.nodes)
+    for node_id, old in before.nodes.items():
+        new = after.nodes[node_id]
+        if old.state == "completed":
+            assert new.state == "completed" and new.output_digest == old.output_digest, node_id
+            assert len(new.attempts) == len(old.attempts), f"{node_id} was started again"
+        if old.state in ("failed", "canceled"):
+            assert new.state == old.state, (node_id, old.state, new.state)
+        olds = [(a.number, a.attempt_id, a.fence) for a in old.attempts]
+        news = [(a.number, a.attempt_id, a.fence) for a in new.attempts]
+        assert news[:len(olds)] == olds, f"{node_id}: attempts rewritten {olds} -> {news}"
+        for a in new.attempts[len(olds):]:
+            assert a.fence > before.fence, f"{node_id}: new attempt under an old fence"
+    for node_id, new in after.nodes.items():
+        if node_id not in before.nodes:
+            assert all(a.fence > before.fence for a in new.attempts)
+    done = {n for n, v in before.nodes.items() if v.state == "completed"}
+    again = set(executions.count(run)) & done
+    assert not again, f"completed nodes executed again in run {run}: {sorted(again)}"
+
+
+async def run_interrupted(case: Case, kind: str, directory: str, faults: list[Fault],
+                          budgets: Budgets | None, limit: int
+                          ) -> tuple[Observed, Executions, History, bool]:
+    executions = Executions()
+    cat = catalog(case, executions)
+    stores = Stores(kind, directory)
+    history = History()
+    fired = False
+    try:
+        observer = ExecutionGraphRuntime(catalog=cat, store=stores.open())
+        offset = timedelta(0)
+        worker = 0
+        queue = list(faults)
+        store = Faulty(stores.open(), queue.pop(0) if queue else None)
+        rt = ExecutionGraphRuntime(catalog=cat, store=store, clock=_clock(offset),
+                                   lease_ttl=LEASE_TTL, poll_interval=POLL)
+        await rt.create(KEY, case.program(), input=case.input, budgets=budgets,
+                        limits=RootLimits(max_concurrent_work=case.max_concurrent_work))
+        history.views.append(await observer.inspect(KEY))
+        result: TaskResult | None = None
+        error: BaseException | None = None
+        budget_stops = 0
+        for run in range(len(faults) + 6):
+            executions.run = run
+            task = asyncio.create_task(rt.run(KEY, f"w{worker}"))
+            await asyncio.wait([task])
+            if store.fired and store.fault is not None and store.fault.mode == "renew_error":
+                event("a renewal failed")
+            fired = fired or (store.fired and store.fault is not None and
+                              store.fault.mode != "renew_error")
+            result, error = None, None
+            if task.cancelled():
+                outcome = "cancelled"
+            elif task.exception() is None:
+                result, outcome = task.result(), "result"
+            else:
+                error = task.exception()
+                outcome = type(error).__name__
+            history.outcomes.append(outcome)
+            view = await observer.inspect(KEY)
+            assert view.verified, view.problems
+            check_progress(history.views[-1], view, executions, run)
+            previous = history.views[-1]
+            history.views.append(view)
+            if result is not None or isinstance(error, NodeFailedError):
+                break
+            if isinstance(error, BudgetExhaustedError):
+                assert view.status == "pending", view.status
+                same = view.counters == previous.counters and \
+                    {n: v.state for n, v in view.nodes.items()} == \
+                    {n: v.state for n, v in previous.nodes.items()}
+                budget_stops = budget_stops + 1 if same else 0
+                if budget_stops >= 1 and not queue:
+                    break
+            elif isinstance(error, Crash):
+                # The worker is gone; another one takes over once its lease expired.
+                offset += timedelta(seconds=LEASE_TTL * 2 + 1)
+                worker += 1
+                store = Faulty(stores.open(), None)
+                rt = ExecutionGraphRuntime(catalog=cat, store=store, clock=_clock(offset),
+                                           lease_ttl=LEASE_TTL, poll_interval=POLL)
+            elif outcome == "cancelled" or isinstance(error, StoreUnavailableError):
+                pass  # the same runtime tries again
+            else:
+                raise AssertionError(f"run {run} ended with {outcome}: {error!r}") from error
+            store.fault = queue.pop(0) if queue else None
+            store.writes, store.renewals, store.fired = 0, 0, False
+        else:
+            raise AssertionError(f"the task never settled: {history.outcomes}")
+        view, journal = await observe(observer, limit)
+        return Observed(result, error, view, journal), executions, history, fired
+    finally:
+        await stores.close()
+
+
+@st.composite
+def fault_lists(draw: st.DrawFn) -> list[Fault]:
+    return draw(st.lists(st.builds(Fault, st.integers(1, 10), st.sampled_from(FAULT_MODES)),
+                         min_size=1, max_size=3))
+
+
+@prop_settings(40)
+@given(case=cases(max_root_nodes=6), faults=fault_lists(), kind=st.sampled_from(
+    ("sqlite", "memory")), budget=st.one_of(st.none(), st.integers(0, 12)),
+    limit=st.integers(1, 7))
+def test_interrupted_runs_recover_to_the_reference(case: Case, faults: list[Fault], kind: str,
+                                                   budget: int | None, limit: int) -> None:
+    ref = evaluate(case)
+    event("completes" if ref.completes else "fails")
+    budgets = None if budget is None else Budgets(tool_calls=budget)
+
+    async def main() -> None:
+        with tempfile.TemporaryDirectory() as directory:
+            obs, executions, history, fired = await run_interrupted(
+                case, kind, directory, faults, budgets, limit)
+        event(f"outcomes: {history.outcomes}")
+        view = obs.view
+        if isinstance(obs.error, BudgetExhaustedError):
+            assert budget is not None
+            assert not (ref.completes and len(ref.leaves) <= budget and not fired), \
+                "the budget suffices for the whole plan, yet it ran out"
+            assert obs.error.counter == "tool_calls"
+            assert view.counters["tool_calls"] == budget
+            assert view.status == "pending"
+            assert view.error is not None and view.error.code == "budget_exhausted"
+            check_nodes_sane(view, obs.journal)
+            check_counters(view)
+            check_completed_outputs(view, ref)
+            return
+        if budget is not None and ref.completes and len(ref.leaves) > budget:
+            raise AssertionError(f"{len(ref.leaves)} tool calls within a budget of {budget}")
+        check_final(case, ref, obs, executions, interrupted=True)
+
+    asyncio.run(main())
+
+
+# --- regressions found by the properties above ---------------------------------------------
+class FailingRenewals(InMemoryDurableTaskStore):
+    """The memory store whose first lease renewal raises ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error: Exception | None = error
+        self.renewed: list[datetime] = []
+
+    async def renew_lease(self, request: RenewLeaseRequest) -> LeaseStatus:
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        status = await super().renew_lease(request)
+        self.renewed.append(request.now)
+        return status
+
+
+def _slow_task(store: DurableTaskStore, clock: Any) -> tuple[ExecutionGraphRuntime,
+                                                             asyncio.Event, asyncio.Event]:
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(args: dict[str, Any]) -> dict[str, Any]:
+        started.set()
+        await release.wait()
+        return {"done": True}
+
+    cat = HostCatalog([ToolBinding(id="slow", version="1", execute=slow, recovery="pure")])
+    rt = ExecutionGraphRuntime(catalog=cat, store=store, clock=clock, lease_ttl=1.0,
+                               poll_interval=0.01)
+    return rt, started, release
+
+
+SLOW_PROGRAM = ExecutionGraphProgram(id="slow-one", version="1", plan={
+    "schemaVersion": 1, "revision": 1,
+    "nodes": [{"id": "a", "binding": "slow", "version": "1", "args": {}}]})
+
+
+async def test_a_renewal_failing_with_a_store_error_does_not_end_the_lease_keeper() -> None:
+    # A StoreError of one renewal (a driver failure that is not 'unavailable') killed the
+    # lease keeper: nothing renewed the lease for the rest of the run (another worker could
+    # take the task over while this one still ran it), and the run that then completed the
+    # task raised the renewal's StoreError instead of returning its result.
+    clock = ManualClock()
+    store = FailingRenewals(StoreError("injected: disk I/O error"))
+    rt, started, release = _slow_task(store, clock)
+    await rt.create("k", SLOW_PROGRAM)
+    run = asyncio.create_task(rt.run("k", worker_id="w1"))
+    await asyncio.wait_for(started.wait(), 5)
+    for _ in range(3):  # the node outlives the lease three times over: renewing went on
+        clock.advance(0.9)
+        await wait_until(lambda: bool(store.renewed) and store.renewed[-1] == clock.now)
+    assert store.error is None
+    release.set()
+    result = await asyncio.wait_for(run, 5)
+    assert result.status == "completed" and result.output == {"a": {"done": True}}
+
+
+async def test_a_renewal_failing_with_an_unexpected_error_stops_the_run() -> None:
+    # Any other error of a renewal (a store bug, a task that vanished) means the lease can
+    # no longer be kept: the run stops with that error, as when the lease is lost, instead
+    # of going on unleased and reporting the error only once the work is done.
+    clock = ManualClock()
+    store = FailingRenewals(RuntimeError("injected: a bug in the store"))
+    rt, started, _release = _slow_task(store, clock)
+    await rt.create("k", SLOW_PROGRAM)
+    run = asyncio.create_task(rt.run("k", worker_id="w1"))
+    await asyncio.wait_for(started.wait(), 5)
+    clock.advance(0.5)
+    done, _ = await asyncio.wait([run], timeout=5)
+    assert done, "the run went on without its lease"
+    with pytest.raises(RuntimeError, match="a bug in the store"):
+        await run
+    view = await rt.inspect("k")
+    assert view.status == "running" and view.nodes["a"].state == "running"
+    assert view.lease is None  # released: a new run may start at once
