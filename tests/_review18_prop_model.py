@@ -38,7 +38,11 @@ Path = tuple[str | int, ...]
 # a: async, returns without suspending; s: async, suspends twice; i: sync, inline on the
 # loop; t: sync, in a worker thread.
 IMPLS = ("a", "s", "i", "t")
-LEAVES = tuple(f"{kind}_{impl}" for kind in ("t", "p") for impl in IMPLS)  # p_*: picky
+# t_*: total; p_*: picky (fail for about a quarter of their inputs, by raising or by
+# returning an output their schema refuses); q_*: their input schema wants an integer "a"
+# (a $ref that resolves to anything else fails the node before it runs).
+LEAVES = tuple(f"{kind}_{impl}" for kind in ("t", "p", "q") for impl in IMPLS)
+Q_INPUT_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 LEAF_PATHS: tuple[Path, ...] = ((), ("h",), ("items",), ("items", 0), ("items", 1),
                                 ("items", 2), ("sub",), ("sub", "k"), ("sub", "tag"))
 ROOT_INPUT_PATHS: tuple[Path, ...] = ((), ("seed",), ("xs",), ("xs", 0), ("xs", 1))
@@ -67,6 +71,8 @@ def leaf_output(binding: str, args: Any) -> dict[str, Any]:
 
 
 def leaf_fails(binding: str, args: Any) -> bool:
+    if binding.startswith("q_"):
+        return type(args.get("a")) is not int
     return binding.startswith("p_") and leaf_output(binding, args)["h"] % 4 == 0
 
 
@@ -105,14 +111,24 @@ class NodeDef:
 @dataclass(frozen=True)
 class PlanDef:
     nodes: tuple[NodeDef, ...]
-    max_concurrency: int
+    limit: int                       # the program's PlanLimits.max_concurrency
+    requested: int | None = None     # the plan's own "maxConcurrency" (at most ``limit``)
+
+    @property
+    def max_concurrency(self) -> int:
+        return self.limit if self.requested is None else min(self.limit, self.requested)
 
     def json(self) -> dict[str, Any]:
-        return {"schemaVersion": 1, "revision": 1, "nodes": [n.json() for n in self.nodes]}
+        plan: dict[str, Any] = {"schemaVersion": 1, "revision": 1,
+                                "nodes": [n.json() for n in self.nodes]}
+        if self.requested is not None:
+            plan["maxConcurrency"] = self.requested
+        return plan
 
     def program(self, pid: str) -> ExecutionGraphProgram:
         return ExecutionGraphProgram(id=pid, version="1", plan=self.json(),
-                                     limits=PlanLimits(max_concurrency=self.max_concurrency))
+                                     limits=PlanLimits(max_concurrency=self.limit,
+                                                       max_nodes=max(100, len(self.nodes))))
 
 
 @dataclass(frozen=True)
@@ -155,6 +171,7 @@ class Executions:
         self._lock = threading.Lock()
         self.active: dict[str, int] = {}
         self.peak: dict[str, int] = {}  # scope prefix ("" root, "*" all) -> most at once
+        self.hook: Callable[[str], None] | None = None  # called as a tool starts
 
     def hit(self, node_id: str) -> None:
         self.log.append((self.run, node_id))
@@ -162,6 +179,9 @@ class Executions:
     @contextlib.contextmanager
     def running(self, node_id: str) -> Iterator[None]:
         scope = node_id.rsplit("/", 1)[0] + "/" if "/" in node_id else ""
+        hook = self.hook
+        if hook is not None:
+            hook(node_id)
         with self._lock:
             self.log.append((self.run, node_id))
             for name in (scope, "*"):
@@ -186,9 +206,14 @@ def _leaf_binding(bid: str, executions: Executions) -> ToolBinding:
     impl = bid.rsplit("_", 1)[1]
 
     def compute(args: dict[str, Any]) -> dict[str, Any]:
+        if bid.startswith("q_"):
+            assert type(args.get("a")) is int, "the input schema let a non-integer through"
+        out = leaf_output(bid, args)
         if leaf_fails(bid, args):
-            raise ValueError(f"{bid} refuses {canonical(args)[:60]}")
-        return leaf_output(bid, args)
+            if out["h"] % 8 == 0:
+                raise ValueError(f"{bid} refuses {canonical(args)[:60]}")
+            return {**out, "h": "not an integer"}  # refused by the output schema
+        return out
 
     if impl == "a":
         async def run_a(args: dict[str, Any]) -> dict[str, Any]:
@@ -210,7 +235,8 @@ def _leaf_binding(bid: str, executions: Executions) -> ToolBinding:
                 return compute(args)
         execute = run_sync
     return ToolBinding(id=bid, version="1", execute=execute, recovery="pure",
-                       output_schema=LEAF_OUTPUT_SCHEMA, run_in_thread=impl == "t")
+                       output_schema=LEAF_OUTPUT_SCHEMA, run_in_thread=impl == "t",
+                       input_schema=Q_INPUT_SCHEMA if bid.startswith("q_") else {})
 
 
 def catalog(case: Case, executions: Executions) -> HostCatalog:
@@ -267,6 +293,11 @@ def _value(draw: st.DrawFn, producers: list[tuple[str, list[Path]]], used: set[s
             used.add(node)
         return _ref(node, path, draw(st.booleans()))
     if choice == 4:
+        if draw(st.integers(0, 3)) == 0:  # taken verbatim, $ref-looking content included
+            node, paths = draw(st.sampled_from(producers))
+            inner = draw(st.one_of(_SCALARS, st.just(_ref(node, draw(st.sampled_from(paths)),
+                                                         True))))
+            return {"$literal": inner}
         return [draw(_value(producers, used, depth + 1)) for _ in range(draw(st.integers(0, 3)))]
     keys = draw(st.lists(st.sampled_from("abcdk"), unique=True, max_size=3))
     return {k: draw(_value(producers, used, depth + 1)) for k in keys}
@@ -290,16 +321,27 @@ def _plan(draw: st.DrawFn, bindings: list[str], containers: dict[str, ContainerD
             producers.append(("$previous", [()]))
         used: set[str] = set()
         keys = draw(st.lists(st.sampled_from("abcdk"), unique=True, max_size=3))
-        args = {k: draw(_value(producers, used)) for k in keys}
+        # (a q_* node's "a" is drawn below: a value drawn here would leave its refs in used)
+        args = {k: draw(_value(producers, used)) for k in keys
+                if not (k == "a" and binding.startswith("q_"))}
         if binding not in LEAVES:
             args["x"] = draw(_value(producers, used))
+        if binding.startswith("q_"):
+            if draw(st.booleans()):
+                args["a"] = draw(st.integers(-5, 5))
+            else:
+                node, paths = draw(st.sampled_from(producers))
+                if node not in ("$input", "$previous"):
+                    used.add(node)
+                args["a"] = _ref(node, draw(st.sampled_from(paths)), draw(st.booleans()))
         earlier = [p.id for p in nodes]
         depends_on = tuple(draw(st.lists(st.sampled_from(earlier), unique=True, max_size=2))) \
             if earlier else ()
         inputs_from = tuple(draw(st.lists(st.sampled_from(earlier), unique=True, max_size=2))) \
             if earlier else ()
         nodes.append(NodeDef(nid, binding, args, depends_on, inputs_from, tuple(sorted(used))))
-    return PlanDef(tuple(nodes), draw(st.integers(1, 5)))
+    limit = draw(st.integers(1, 5))
+    return PlanDef(tuple(nodes), limit, draw(st.one_of(st.none(), st.integers(1, limit))))
 
 
 @st.composite
@@ -320,6 +362,43 @@ def cases(draw: st.DrawFn, max_root_nodes: int = 8, max_containers: int = 2) -> 
     task_input = {"seed": draw(st.integers(0, 99)),
                   "xs": [draw(st.integers(-9, 9)), draw(st.text("xy", max_size=2))]}
     return Case(tuple(containers), plan, task_input, draw(st.integers(1, 4)))
+
+
+@st.composite
+def wide_cases(draw: st.DrawFn) -> Case:
+    """Plans of 65 to 130 nodes, most of them ready at once (a large scheduler frontier):
+    each node refers to at most one earlier node, often to none; a few are containers."""
+    box = draw(_plan([*LEAVES], {}, SCOPE_INPUT_PATHS, False, 3))
+    containers = (ContainerDef("g0", "graph", box),)
+    n = draw(st.integers(65, 130))
+    fanin = draw(st.integers(0, 3))  # how often a node has a dependency (of 4)
+    picks = draw(st.lists(st.integers(0, 10 ** 6), min_size=3 * n, max_size=3 * n))
+    nodes: list[NodeDef] = []
+    depth: list[int] = []
+    for i in range(n):
+        a, b, c = picks[3 * i:3 * i + 3]
+        boxes = sum(node.binding == "g0" for node in nodes)
+        # (at most 20 containers: each costs a plan revision, 32 by default)
+        binding = "g0" if c % 17 == 0 and boxes < 20 else \
+            "p_a" if c % 41 == 3 else ("t_a", "t_i", "t_s", "q_i")[c % 4]
+        args: dict[str, Any] = {"i": i}
+        refs: tuple[str, ...] = ()
+        if i and a % 4 < fanin and depth[b % i] < 20:  # well within PlanLimits.max_depth
+            producer = nodes[b % i]
+            path = ("h",) if producer.binding in LEAVES else ("n0", "h")  # g0's n0: a leaf
+            args["a"] = _ref(producer.id, path, False)
+            refs = (producer.id,)
+            depth.append(depth[b % i] + 1)
+        else:
+            depth.append(1)
+        if binding.startswith("q_") and not refs:
+            args["a"] = i
+        if binding == "g0":
+            args["x"] = i
+        nodes.append(NodeDef(f"n{i}", binding, args, refs=refs))
+    limit = draw(st.integers(1, 16))
+    plan = PlanDef(tuple(nodes), limit, draw(st.one_of(st.none(), st.integers(1, limit))))
+    return Case(containers, plan, {"seed": 0, "xs": [0, ""]}, draw(st.integers(1, 8)))
 
 
 # --- the reference -------------------------------------------------------------------------
@@ -372,6 +451,8 @@ def value_at(value: Any, path: Iterable[str | int]) -> Any:
 
 
 def resolve(template: Any, values: dict[str, Any]) -> Any:
+    if isinstance(template, dict) and set(template) == {"$literal"}:
+        return template["$literal"]
     if isinstance(template, dict) and set(template) == {"$ref"}:
         ref = template["$ref"]
         return json.loads(canonical(value_at(values[ref["node"]], ref.get("path", []))))
@@ -439,4 +520,4 @@ def evaluate(case: Case) -> Reference:
 
 __all__ = ["IMPLS", "LEAVES", "Case", "ContainerDef", "Executions", "NodeDef", "Outcome",
            "PlanDef", "Reference", "canonical", "cases", "catalog", "evaluate", "leaf_fails",
-           "leaf_output", "repeat_condition"]
+           "leaf_output", "repeat_condition", "wide_cases"]

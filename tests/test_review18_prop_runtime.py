@@ -19,7 +19,7 @@ import asyncio
 import itertools
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,7 +27,7 @@ from types import TracebackType
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 from agentium_graph import (
@@ -43,6 +43,7 @@ from agentium_graph import (
     RootLimits,
     StoreError,
     StoreUnavailableError,
+    TaskCanceledError,
     TaskResult,
     TaskView,
     ToolBinding,
@@ -67,7 +68,15 @@ from agentium_graph.store import (
     TimelineRequest,
 )
 from agentium_graph_sqlite import SQLiteDurableTaskStore
-from tests._review18_prop_model import Case, Executions, Reference, cases, catalog, evaluate
+from tests._review18_prop_model import (
+    Case,
+    Executions,
+    Reference,
+    cases,
+    catalog,
+    evaluate,
+    wide_cases,
+)
 from tests.conftest import ManualClock, wait_until
 
 DEEP = os.environ.get("HYPOTHESIS_PROFILE") == "deep"
@@ -83,7 +92,7 @@ def prop_settings(examples: int) -> settings:
     return settings(derandomize=not DEEP, deadline=None,
                     max_examples=examples * 25 if DEEP else examples,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-                    database=None)
+                    database=None, phases=[Phase.explicit, Phase.generate, Phase.shrink])
 
 
 # --- store wrapper -------------------------------------------------------------------------
@@ -99,11 +108,14 @@ class Fault:
     after it landed; every later call of that worker fails too), ``unavailable_before`` /
     ``unavailable_after`` (that one call raises StoreUnavailableError, after it landed in the
     second case), ``cancel`` (``run()`` is canceled while the write is in flight);
-    ``renew_error``: the ``at``-th lease renewal raises StoreError (the run goes on).
+    ``renew_error``: the ``at``-th lease renewal raises StoreError (the run goes on);
+    ``cancel_in_tool`` / ``crash_in_tool``: as a tool starts (the driver arms them);
+    ``operator_cancel``: right after the write, an operator cancels the task.
     """
 
     at: int
     mode: str
+    fresh: bool = False  # the next run is a fresh runtime (another worker)
 
 
 class Faulty:
@@ -115,6 +127,7 @@ class Faulty:
         self.fault = fault
         self.writes = 0
         self.renewals = 0
+        self.canceler: Callable[[], Awaitable[Any]] | None = None
         self.dead = False
         self.fired = False
 
@@ -131,7 +144,7 @@ class Faulty:
         self.writes += 1
         fault = self.fault
         if fault is None or self.fired or self.writes != fault.at or \
-                fault.mode == "renew_error":
+                fault.mode in ("renew_error", "cancel_in_tool", "crash_in_tool"):
             return await call()
         self.fired = True
         if fault.mode == "crash_before":
@@ -139,6 +152,11 @@ class Faulty:
             raise Crash("died before the write")
         if fault.mode == "unavailable_before":
             raise StoreUnavailableError("injected: the store is unreachable")
+        if fault.mode == "operator_cancel":
+            result = await call()
+            assert self.canceler is not None
+            await self.canceler()  # an operator cancels the task (another handle) meanwhile
+            return result
         if fault.mode == "cancel":
             current = asyncio.current_task()
             assert current is not None
@@ -432,13 +450,43 @@ async def run_once(case: Case, kind: str, directory: str, limit: int,
         rt = ExecutionGraphRuntime(catalog=cat, store=stores.open())
         await rt.create(KEY, case.program(), input=case.input, budgets=budgets,
                         limits=RootLimits(max_concurrent_work=case.max_concurrent_work))
+        reader = ExecutionGraphRuntime(catalog=cat, store=stores.open())
+        running = True
+        walks: list[list[JournalEntry]] = []
+
+        async def read_along() -> None:
+            # Another handle pages through the journal while the run writes it.
+            while running:
+                events: list[JournalEntry] = []
+                cursor: str | None = None
+                while True:
+                    page = await reader.timeline(KEY, cursor=cursor, limit=limit)
+                    events.extend(page.events)
+                    if page.next_cursor is None:
+                        break
+                    cursor = page.next_cursor
+                walks.append(events)
+                await asyncio.sleep(0)
+
+        along = asyncio.create_task(read_along())
         result: TaskResult | None = None
         error: BaseException | None = None
         try:
             result = await rt.run(KEY, "w0")
         except AgentiumGraphError as exc:
             error = exc
+        finally:
+            running = False
+            await along
         view, journal = await observe(rt, limit)
+        for events in walks:  # each walk saw a prefix of the journal, without gaps
+            assert events == journal[:len(events)]
+        if result is not None:
+            assert result.counters == view.counters and result.revision == view.revision
+            assert (await rt.run(KEY, "w9")) == result  # the retained result
+        snapshot = await rt.admission_snapshot(KEY)
+        assert snapshot.counters == view.counters and snapshot.limits == view.limits
+        assert snapshot.active == 0 and snapshot.queued == 0
         return Observed(result, error, view, journal), executions
     finally:
         await stores.close()
@@ -446,7 +494,8 @@ async def run_once(case: Case, kind: str, directory: str, limit: int,
 
 # --- 1. plain runs on both stores ----------------------------------------------------------
 @prop_settings(40)
-@given(case=cases(), limit=st.integers(1, 7))
+@given(case=cases(max_root_nodes=12 if DEEP else 8, max_containers=4 if DEEP else 2),
+       limit=st.integers(1, 7))
 def test_random_plans_match_the_reference_on_both_stores(case: Case, limit: int) -> None:
     ref = evaluate(case)
     event("completes" if ref.completes else "fails")
@@ -474,9 +523,27 @@ def test_random_plans_match_the_reference_on_both_stores(case: Case, limit: int)
     asyncio.run(main())
 
 
+@prop_settings(12)
+@given(case=wide_cases(), limit=st.integers(5, 40))
+def test_wide_plans_match_the_reference(case: Case, limit: int) -> None:
+    # Most of 65 to 130 nodes are ready at once: the scheduler's frontier keeps per-scope
+    # heaps (more than 64 waiting nodes), closes full scopes, and merges them in order.
+    ref = evaluate(case)
+    event("completes" if ref.completes else "fails")
+
+    async def main() -> None:
+        with tempfile.TemporaryDirectory() as directory:
+            obs, executions = await run_once(case, "memory", directory, limit)
+        check_final(case, ref, obs, executions, interrupted=False)
+
+    asyncio.run(main())
+
+
 # --- 2. interrupted runs and budgets -------------------------------------------------------
-FAULT_MODES = ("crash_before", "crash_after", "unavailable_before", "unavailable_after",
-               "cancel", "renew_error")
+# Interleaved: hypothesis favours the first ones in derandomized (CI) runs.
+FAULT_MODES = ("crash_before", "cancel_in_tool", "unavailable_after", "crash_after", "cancel",
+               "crash_in_tool", "operator_cancel", "unavailable_before", "renew_error")
+IN_TOOL = ("cancel_in_tool", "crash_in_tool")
 POLL = 0.003  # lease renewals every 3 ms, so that renewal faults meet running work
 LEASE_TTL = 15.0
 
@@ -524,36 +591,80 @@ def check_progress(before: TaskView, after: TaskView, executions: Executions, ru
     assert not again, f"completed nodes executed again in run {run}: {sorted(again)}"
 
 
-async def run_interrupted(case: Case, kind: str, directory: str, faults: list[Fault],
-                          budgets: Budgets | None, limit: int
-                          ) -> tuple[Observed, Executions, History, bool]:
-    executions = Executions()
-    cat = catalog(case, executions)
-    stores = Stores(kind, directory)
-    history = History()
-    fired = False
-    try:
-        observer = ExecutionGraphRuntime(catalog=cat, store=stores.open())
-        offset = timedelta(0)
-        worker = 0
-        queue = list(faults)
-        store = Faulty(stores.open(), queue.pop(0) if queue else None)
-        rt = ExecutionGraphRuntime(catalog=cat, store=store, clock=_clock(offset),
-                                   lease_ttl=LEASE_TTL, poll_interval=POLL)
-        await rt.create(KEY, case.program(), input=case.input, budgets=budgets,
-                        limits=RootLimits(max_concurrent_work=case.max_concurrent_work))
-        history.views.append(await observer.inspect(KEY))
+@dataclass
+class Driver:
+    """Runs one task until it settles, one fault per run, each run checked against the last.
+
+    A worker that died is replaced by another (a new store handle, a runtime whose clock is
+    past the dead worker's lease); after any other interruption the same runtime tries again,
+    or a fresh one when the fault says so."""
+
+    case: Case
+    stores: Stores
+    faults: list[Fault]
+    budgets: Budgets | None
+    limits: RootLimits
+    executions: Executions = field(default_factory=Executions)
+    history: History = field(default_factory=History)
+    fired: bool = False  # a fault that could cost work (not a renewal) fired
+    offset: timedelta = timedelta(0)
+    worker: int = 0
+
+    def runtime(self, store: Faulty) -> ExecutionGraphRuntime:
+        store.canceler = self.cancel
+        return ExecutionGraphRuntime(catalog=self.cat, store=store, clock=_clock(self.offset),
+                                     lease_ttl=LEASE_TTL, poll_interval=POLL)
+
+    def arm(self, fault: Fault | None, store: Faulty, task: list[asyncio.Task[Any]]) -> None:
+        """A fault inside a tool: the ``at``-th tool this run enters cancels ``run()`` (from
+        the loop: threads hand it over) or kills the worker (its store fails from then on)."""
+        self.executions.hook = None
+        if fault is None or fault.mode not in IN_TOOL:
+            return
+        loop = asyncio.get_running_loop()
+        entered = [0]
+
+        def hook(_node: str) -> None:
+            entered[0] += 1
+            if entered[0] != (fault.at - 1) % 3 + 1:
+                return
+            store.fired = True
+            if fault.mode == "crash_in_tool":
+                store.dead = True
+            else:
+                loop.call_soon_threadsafe(task[0].cancel)
+        self.executions.hook = hook
+
+    async def cancel(self) -> None:
+        view = await self.observer.cancel(KEY, "an operator stopped it")
+        self.canceled = True
+        assert view.cancel is not None or view.status in ("completed", "failed")
+
+    async def drive(self) -> Observed:
+        self.cat = catalog(self.case, self.executions)
+        observer = self.observer = ExecutionGraphRuntime(catalog=self.cat,
+                                                         store=self.stores.open())
+        queue = list(self.faults)
+        fault = queue.pop(0) if queue else None
+        store = Faulty(self.stores.open(), fault)
+        rt = self.runtime(store)
+        await rt.create(KEY, self.case.program(), input=self.case.input, budgets=self.budgets,
+                        limits=self.limits)
+        self.history.views.append(await observer.inspect(KEY))
         result: TaskResult | None = None
         error: BaseException | None = None
         budget_stops = 0
-        for run in range(len(faults) + 6):
-            executions.run = run
-            task = asyncio.create_task(rt.run(KEY, f"w{worker}"))
-            await asyncio.wait([task])
-            if store.fired and store.fault is not None and store.fault.mode == "renew_error":
-                event("a renewal failed")
-            fired = fired or (store.fired and store.fault is not None and
-                              store.fault.mode != "renew_error")
+        for run in range(len(self.faults) + 6):
+            self.executions.run = run
+            holder: list[asyncio.Task[Any]] = []
+            self.arm(fault, store, holder)
+            holder.append(asyncio.create_task(rt.run(KEY, f"w{self.worker}")))
+            await asyncio.wait(holder)
+            task = holder[0]
+            self.executions.hook = None
+            if store.fired and fault is not None:
+                event(f"fired: {fault.mode}")
+                self.fired = self.fired or fault.mode != "renew_error"
             result, error = None, None
             if task.cancelled():
                 outcome = "cancelled"
@@ -562,13 +673,13 @@ async def run_interrupted(case: Case, kind: str, directory: str, faults: list[Fa
             else:
                 error = task.exception()
                 outcome = type(error).__name__
-            history.outcomes.append(outcome)
+            self.history.outcomes.append(outcome)
             view = await observer.inspect(KEY)
             assert view.verified, view.problems
-            check_progress(history.views[-1], view, executions, run)
-            previous = history.views[-1]
-            history.views.append(view)
-            if result is not None or isinstance(error, NodeFailedError):
+            previous = self.history.views[-1]
+            check_progress(previous, view, self.executions, run)
+            self.history.views.append(view)
+            if result is not None or isinstance(error, NodeFailedError | TaskCanceledError):
                 break
             if isinstance(error, BudgetExhaustedError):
                 assert view.status == "pending", view.status
@@ -578,64 +689,103 @@ async def run_interrupted(case: Case, kind: str, directory: str, faults: list[Fa
                 budget_stops = budget_stops + 1 if same else 0
                 if budget_stops >= 1 and not queue:
                     break
-            elif isinstance(error, Crash):
-                # The worker is gone; another one takes over once its lease expired.
-                offset += timedelta(seconds=LEASE_TTL * 2 + 1)
-                worker += 1
-                store = Faulty(stores.open(), None)
-                rt = ExecutionGraphRuntime(catalog=cat, store=store, clock=_clock(offset),
-                                           lease_ttl=LEASE_TTL, poll_interval=POLL)
-            elif outcome == "cancelled" or isinstance(error, StoreUnavailableError):
-                pass  # the same runtime tries again
-            else:
+            elif not (isinstance(error, Crash | StoreUnavailableError) or
+                      outcome == "cancelled"):
                 raise AssertionError(f"run {run} ended with {outcome}: {error!r}") from error
-            store.fault = queue.pop(0) if queue else None
-            store.writes, store.renewals, store.fired = 0, 0, False
+            restart = isinstance(error, Crash) or (fault is not None and fault.fresh)
+            fault = queue.pop(0) if queue else None
+            if restart:
+                # Another worker (process) takes over once the last one's lease expired.
+                self.offset += timedelta(seconds=LEASE_TTL * 2 + 1)
+                self.worker += 1
+                store = Faulty(self.stores.open(), fault)
+                rt = self.runtime(store)
+            else:
+                store.fault = fault
+                store.writes, store.renewals, store.fired = 0, 0, False
         else:
-            raise AssertionError(f"the task never settled: {history.outcomes}")
-        view, journal = await observe(observer, limit)
-        return Observed(result, error, view, journal), executions, history, fired
-    finally:
-        await stores.close()
+            raise AssertionError(f"the task never settled: {self.history.outcomes}")
+        view, journal = await observe(observer, self.limit)
+        return Observed(result, error, view, journal)
+
+    limit: int = 3
+    cat: Any = None
+    observer: Any = None
+    canceled: bool = False  # an operator canceled the task
 
 
 @st.composite
 def fault_lists(draw: st.DrawFn) -> list[Fault]:
-    return draw(st.lists(st.builds(Fault, st.integers(1, 10), st.sampled_from(FAULT_MODES)),
+    return draw(st.lists(st.builds(Fault, st.integers(1, 10), st.sampled_from(FAULT_MODES),
+                                   st.booleans()),
                          min_size=1, max_size=3))
 
 
-@prop_settings(40)
-@given(case=cases(max_root_nodes=6), faults=fault_lists(), kind=st.sampled_from(
-    ("sqlite", "memory")), budget=st.one_of(st.none(), st.integers(0, 12)),
-    limit=st.integers(1, 7))
-def test_interrupted_runs_recover_to_the_reference(case: Case, faults: list[Fault], kind: str,
+@st.composite
+def root_limits(draw: st.DrawFn, case: Case) -> RootLimits:
+    ref = evaluate(case)
+    roots = len(case.plan.nodes)
+    return RootLimits(
+        max_concurrent_work=case.max_concurrent_work,
+        max_expanded_nodes=draw(st.one_of(st.just(1000), st.integers(
+            roots, max(roots, ref.expanded_nodes())))),
+        max_work_attempts=draw(st.one_of(st.just(1000), st.integers(1, 12))))
+
+
+@prop_settings(50)
+@given(data=st.data(), case=cases(max_root_nodes=8 if DEEP else 6,
+                                   max_containers=3 if DEEP else 2), faults=fault_lists(),
+       kind=st.sampled_from(("sqlite", "memory")), budget=st.one_of(st.none(), st.integers(0, 12)),
+       limit=st.integers(1, 7))
+def test_interrupted_runs_recover_to_the_reference(data: st.DataObject, case: Case,
+                                                   faults: list[Fault], kind: str,
                                                    budget: int | None, limit: int) -> None:
     ref = evaluate(case)
     event("completes" if ref.completes else "fails")
+    limits = data.draw(root_limits(case))
     budgets = None if budget is None else Budgets(tool_calls=budget)
 
     async def main() -> None:
         with tempfile.TemporaryDirectory() as directory:
-            obs, executions, history, fired = await run_interrupted(
-                case, kind, directory, faults, budgets, limit)
-        event(f"outcomes: {history.outcomes}")
+            stores = Stores(kind, directory)
+            driver = Driver(case, stores, faults, budgets, limits, limit=limit)
+            try:
+                obs = await driver.drive()
+            finally:
+                await stores.close()
+        event(f"outcomes: {driver.history.outcomes}")
         view = obs.view
+        enough = len(ref.leaves) <= min(budget if budget is not None else 1000,
+                                        limits.max_work_attempts) and \
+            ref.expanded_nodes() <= limits.max_expanded_nodes
         if isinstance(obs.error, BudgetExhaustedError):
-            assert budget is not None
-            assert not (ref.completes and len(ref.leaves) <= budget and not fired), \
-                "the budget suffices for the whole plan, yet it ran out"
-            assert obs.error.counter == "tool_calls"
-            assert view.counters["tool_calls"] == budget
+            assert not (ref.completes and enough and not driver.fired), \
+                "the budgets suffice for the whole plan, yet one ran out"
+            counter = obs.error.counter
+            limit_of = {"tool_calls": budget, "work_attempts": limits.max_work_attempts,
+                        "expanded_nodes": limits.max_expanded_nodes}
+            assert counter in limit_of, counter
+            if counter != "expanded_nodes":  # charged one by one: they stop at the limit
+                assert view.counters[counter] == limit_of[counter], (counter, view.counters)
+            assert view.counters[counter] <= (limit_of[counter] or 0)
             assert view.status == "pending"
             assert view.error is not None and view.error.code == "budget_exhausted"
             check_nodes_sane(view, obs.journal)
             check_counters(view)
             check_completed_outputs(view, ref)
             return
-        if budget is not None and ref.completes and len(ref.leaves) > budget:
-            raise AssertionError(f"{len(ref.leaves)} tool calls within a budget of {budget}")
-        check_final(case, ref, obs, executions, interrupted=True)
+        if isinstance(obs.error, TaskCanceledError):
+            assert driver.canceled
+            assert view.status == "canceled" and view.cancel is not None
+            check_nodes_sane(view, obs.journal)
+            check_counters(view)
+            check_completed_outputs(view, ref)
+            for node_id, node in view.nodes.items():
+                assert node.state in ("completed", "failed", "canceled"), (node_id, node.state)
+            return
+        if ref.completes and not enough:
+            raise AssertionError(f"{obs.error!r}: the plan completed beyond its budgets")
+        check_final(case, ref, obs, driver.executions, interrupted=True)
 
     asyncio.run(main())
 
