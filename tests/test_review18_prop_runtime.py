@@ -41,6 +41,7 @@ from agentium_graph import (
     InMemoryDurableTaskStore,
     NodeFailedError,
     RootLimits,
+    StaleFenceError,
     StoreError,
     StoreUnavailableError,
     TaskCanceledError,
@@ -61,6 +62,7 @@ from agentium_graph.store import (
     ListTasksRequest,
     ReleaseLeaseRequest,
     RenewLeaseRequest,
+    SetStatus,
     StoreCapabilities,
     TaskHeader,
     TaskIdentity,
@@ -866,3 +868,53 @@ async def test_a_renewal_failing_with_an_unexpected_error_stops_the_run() -> Non
     view = await rt.inspect("k")
     assert view.status == "running" and view.nodes["a"].state == "running"
     assert view.lease is None  # released: a new run may start at once
+
+
+class SlowFinalAnswer(InMemoryDurableTaskStore):
+    """The answer to the commit that ends the task (and releases its lease) arrives only
+    after a lease renewal sent meanwhile was refused: the renewal reached the store after
+    that commit, as two requests in flight on two connections may."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = 0
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        result = await super().commit(request)
+        if any(isinstance(s, SetStatus) for s in request.steps):
+            await wait_until(lambda: self.refused > 0)
+        return result
+
+    async def renew_lease(self, request: RenewLeaseRequest) -> LeaseStatus:
+        try:
+            return await super().renew_lease(request)
+        except StaleFenceError:
+            self.refused += 1
+            raise
+
+
+async def test_a_renewal_refused_after_the_final_commit_does_not_change_the_outcome() -> None:
+    # The lease keeper met StaleFenceError from a renewal that reached the store after the
+    # run's last commit had ended the task and released the lease, and replaced the run's
+    # stop with a lost lease: run() raised StaleFenceError for a task it had completed (or,
+    # after a budget stop, instead of BudgetExhaustedError). A stop is decided once: a
+    # lease lost after the last commit changes nothing of what that commit recorded.
+    async def one(args: dict[str, Any]) -> dict[str, Any]:
+        return {"v": 1}
+
+    cat = HostCatalog([ToolBinding(id="one", version="1", execute=one, recovery="pure")])
+    plan = {"schemaVersion": 1, "revision": 1, "nodes": [
+        {"id": "a", "binding": "one", "version": "1"},
+        {"id": "b", "binding": "one", "version": "1", "dependsOn": ["a"]}]}
+    store = SlowFinalAnswer()
+    rt = ExecutionGraphRuntime(catalog=cat, store=store, poll_interval=0.005)
+    await rt.create("done", ExecutionGraphProgram(id="two", version="1", plan=plan))
+    result = await asyncio.wait_for(rt.run("done", "w1"), 5)
+    assert result.status == "completed" and store.refused
+    store.refused = 0
+    await rt.create("broke", ExecutionGraphProgram(id="two", version="1", plan=plan),
+                    budgets=Budgets(tool_calls=1))
+    with pytest.raises(BudgetExhaustedError):
+        await asyncio.wait_for(rt.run("broke", "w1"), 5)
+    assert store.refused
+    assert (await rt.inspect("broke")).status == "pending"

@@ -30,7 +30,6 @@ from agentium_graph.errors import (
     LeaseHeldError,
     NodeInputError,
     StaleFenceError,
-    StoreError,
 )
 from agentium_graph.plan._validate import CompiledPlan, resolve_args
 from agentium_graph.runtime import _containers as containers
@@ -50,6 +49,7 @@ from agentium_graph.runtime._eager import NOT_DONE, start_eager
 from agentium_graph.runtime._frontier import CONTAINERS as FRONTIER_CONTAINERS
 from agentium_graph.runtime._frontier import Frontier, Turn
 from agentium_graph.runtime._graph import FlatGraph, NodeSpec
+from agentium_graph.runtime._lease import keep_lease
 from agentium_graph.runtime._outcome import Outcome, schema_error
 from agentium_graph.runtime._planner import install_revisions, plan_task
 from agentium_graph.runtime._states import RESTARTABLE
@@ -75,7 +75,6 @@ from agentium_graph.store._requests import (
     Charge,
     CommitRevision,
     RecordAction,
-    RenewLeaseRequest,
     SettleNode,
     StartAttempt,
     Step,
@@ -213,9 +212,8 @@ class TaskRun:
         # (loop time; _stops.abandon_overdue).
         self.overdue_at: float | None = None
         self.ended = False  # run() is over: nothing is submitted any more
+        self.finishing = False  # this turn's commit holds the final steps
         self.lost: BaseException | None = None
-        # The loop commits the task's final status: a renewal failing now changes nothing.
-        self.closing = False
         self.cancel_reason: str | None = None
         self.uncertain: list[str] = []
         self.again = False  # set when a turn materialized nodes that may be ready now
@@ -234,7 +232,7 @@ class TaskRun:
         if any(s.kind == "agent" for s in self.graph.specs.values()) or \
                 any(n.kind == "agent" for n in self.nodes.values()) or self.program is not None:
             await self._load_agent_records()
-        keeper = asyncio.create_task(self._keep_lease(), name=f"lease:{self.key}")
+        keeper = asyncio.create_task(keep_lease(self), name=f"lease:{self.key}")
         if self.program is None and self.identity.plan is None and \
                 self.header.revision == 0 and self.cancel_reason is None:
             raise ConfigurationError(
@@ -299,7 +297,7 @@ class TaskRun:
                 launch = self._start_granted(steps, pending)
             final = final_steps(self, bool(launch))
             steps.extend(final)
-            self.closing = bool(final)  # this commit decides the outcome (fenced if lost)
+            self.finishing = bool(final)  # a lease lost meanwhile no longer stops the run
             if steps or self.pending_acquire is not None:
                 self.launching = launch  # their permits are released if the run ends here
                 try:
@@ -771,40 +769,3 @@ class TaskRun:
                 item.ticket.future.add_done_callback(lambda _f: self.wake.set())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wake.wait(), timeout)
-
-    async def _keep_lease(self) -> None:
-        interval = self.rt.poll_interval
-        while True:
-            await asyncio.sleep(interval)
-            if self.pending_acquire is not None:
-                continue  # the lease is taken by the first commit, not yet made
-            try:
-                status = await self.store.renew_lease(RenewLeaseRequest(
-                    key=self.key, worker_id=self.worker_id, fence=self.fence,
-                    ttl_seconds=self.rt.lease_ttl, now=self.clock()))
-            except StaleFenceError as exc:
-                if self.closing:
-                    return  # the final commit released the lease, or fails fenced itself
-                log.warning("task %s: lease lost (%s); stopping this run", self.key, exc)
-                self.lost = exc
-                begin_stop(self, Stop("canceled", exc))
-                self.wake.set()
-                return
-            except StoreError as exc:
-                # A driver failure (unavailable or not): the next interval tries again, and
-                # the run's own commits meet any failure that persists.
-                log.warning("task %s: lease renewal failed, will retry: %s", self.key, exc)
-                continue
-            except Exception as exc:
-                # Anything else (a store bug, a task that vanished): the lease can no longer
-                # be kept, so the run stops with it rather than going on unleased.
-                log.warning("task %s: lease renewal failed (%r); stopping this run",
-                            self.key, exc)
-                self.lost = exc
-                begin_stop(self, Stop("canceled", AgentiumGraphError(str(exc))))
-                self.wake.set()
-                return
-            if status.cancel is not None and self.cancel_reason is None:
-                self.request_cancel(status.cancel.reason)
-            elif self.header.deadline is not None and self.clock() >= self.header.deadline:
-                self.wake.set()  # past it on our clock, sooner than the loop's wait said
