@@ -264,9 +264,11 @@ class StaleFenceError(AgentiumGraphError):
     code = "stale_fence"
 
     def __init__(self, key: str, fence: int, current: int) -> None:
+        why = f"fence {current} is current, so another worker owns the task now" \
+            if current != fence else \
+            f"the lease of fence {fence} was released (the task ended or its run let it go)"
         super().__init__(
-            f"write to task {key!r} under fence {fence} rejected: fence {current} is current, so "
-            "another worker owns the task now; stop this worker's run",
+            f"write to task {key!r} under fence {fence} rejected: {why}; stop this worker's run",
             details={"key": key, "fence": fence, "current": current})
         self.key = key
         self.fence = fence
