@@ -495,7 +495,7 @@ async def run_once(case: Case, kind: str, directory: str, limit: int,
 
 
 # --- 1. plain runs on both stores ----------------------------------------------------------
-@prop_settings(40)
+@prop_settings(60)
 @given(case=cases(max_root_nodes=12 if DEEP else 8, max_containers=4 if DEEP else 2),
        limit=st.integers(1, 7))
 def test_random_plans_match_the_reference_on_both_stores(case: Case, limit: int) -> None:
@@ -525,7 +525,7 @@ def test_random_plans_match_the_reference_on_both_stores(case: Case, limit: int)
     asyncio.run(main())
 
 
-@prop_settings(12)
+@prop_settings(16)
 @given(case=wide_cases(), limit=st.integers(5, 40))
 def test_wide_plans_match_the_reference(case: Case, limit: int) -> None:
     # Most of 65 to 130 nodes are ready at once: the scheduler's frontier keeps per-scope
@@ -736,7 +736,7 @@ def root_limits(draw: st.DrawFn, case: Case) -> RootLimits:
         max_work_attempts=draw(st.one_of(st.just(1000), st.integers(1, 12))))
 
 
-@prop_settings(50)
+@prop_settings(80)
 @given(data=st.data(), case=cases(max_root_nodes=8 if DEEP else 6,
                                    max_containers=3 if DEEP else 2), faults=fault_lists(),
        kind=st.sampled_from(("sqlite", "memory")), budget=st.one_of(st.none(), st.integers(0, 12)),
