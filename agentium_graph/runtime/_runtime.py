@@ -395,7 +395,15 @@ class ExecutionGraphRuntime(OperatorAPI):
         else:
             self._check_descriptors(identity)
             plan = self._compile(identity)
-        lease = await self._acquire(key, worker_id, wait, header.deadline)
+        try:
+            lease = await self._acquire(key, worker_id, wait, header.deadline)
+        except (LeaseHeldError, DeadlineExceededError, InvalidTransitionError):
+            raise  # refused: nothing was taken
+        except BaseException:
+            # The acquisition may have landed though its answer never came back (run()
+            # canceled meanwhile, a lost reply): give back a lease it left us.
+            await self._release_if_ours(key, worker_id, header.fence)
+            raise
         if lease is None:
             # The task ended while this call waited (another worker finished, failed or
             # canceled it): answer as a run on an ended task does.
@@ -461,8 +469,9 @@ class ExecutionGraphRuntime(OperatorAPI):
         except _RUN_OUTCOMES:
             raise
         except BaseException:
-            if run.pending_acquire is None:
-                await self._release_quietly(key, worker_id, run.fence)
+            # Also when the combined acquisition may have landed unanswered: a release
+            # under a fence this worker was never granted changes nothing.
+            await self._release_quietly(key, worker_id, run.fence)
             raise
         finally:
             if self._active.get(key) is run:
@@ -496,6 +505,20 @@ class ExecutionGraphRuntime(OperatorAPI):
                 if deadline is not None:
                     delay = min(delay, (deadline - now).total_seconds())
                 await asyncio.sleep(min(max(delay, 0.01), self.poll_interval))
+
+    async def _release_if_ours(self, key: str, worker_id: str, before: int) -> None:
+        """Release the lease ``worker_id`` holds under a fence newer than ``before`` (the
+        task's fence before an acquisition whose outcome is unknown), unless a live run of
+        this runtime holds it."""
+        try:
+            now = await self.store.get_header(key)
+        except StoreError as exc:
+            log.info("task %s: lease not checked (%s); it will expire", key, exc)
+            return
+        live = self._active.get(key)
+        if now is not None and now.lease is not None and now.lease.owner == worker_id and \
+                now.fence > before and (live is None or live.fence != now.fence):
+            await self._release_quietly(key, worker_id, now.fence)
 
     async def _release_quietly(self, key: str, worker_id: str, fence: int) -> None:
         try:
