@@ -368,7 +368,9 @@ def run_differential(new_harness: Callable[[], StoreHarness], *, max_examples: i
     machine = type("Differential", (StoreDifferentialMachine,), {
         "new_harness": staticmethod(new_harness),
         "discard": None if discard is None else staticmethod(discard)})
-    run_state_machine_as_test(machine, settings=settings(  # type: ignore[no-untyped-call]
+    # Typed here: older hypothesis releases leave run_state_machine_as_test unannotated.
+    run_machine: Callable[..., None] = run_state_machine_as_test
+    run_machine(machine, settings=settings(
         max_examples=max_examples * (20 if deep else 1),
         stateful_step_count=steps * (2 if deep else 1), derandomize=not deep, deadline=None,
         database=None, phases=phases, suppress_health_check=[HealthCheck.too_slow,
