@@ -19,6 +19,9 @@ from json import encoder as _json_encoder
 from typing import Any
 
 JSONValue = Any  # a value made only of dict[str, ...], list, str, int, float, bool, None
+# The largest integer every store can hold (MongoDB's are int64): limits, counters, token
+# counts and journal positions stay at or below it.
+INT64_MAX = 2**63 - 1
 
 _fast_encoder = json.JSONEncoder(ensure_ascii=False, check_circular=False, allow_nan=False,
                                  separators=(",", ":"))

@@ -15,7 +15,7 @@ from pydantic import (
     model_validator,
 )
 
-from agentium_graph._canonical import NotJSONError, digest, json_copy
+from agentium_graph._canonical import INT64_MAX, NotJSONError, digest, json_copy
 from agentium_graph._schemarefs import checked_validator
 from agentium_graph.errors import ConfigurationError, config_error, int_only, positional
 from agentium_graph.providers._protocol import shape_problem
@@ -76,7 +76,7 @@ class IntConfigModel(ConfigModel):
 # The largest limit a program takes: a task pins its limits as JSON, and canonical JSON
 # refuses integers of thousands of digits, so a larger one would fail every create (and a
 # GraphBinding's descriptor) instead of here. int64, which every store holds as a number.
-MAX_LIMIT = 2**63 - 1
+MAX_LIMIT = INT64_MAX
 
 
 class PlanLimits(IntConfigModel):

@@ -8,7 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
-from agentium_graph._canonical import NotJSONError, check_json
+from agentium_graph._canonical import INT64_MAX, NotJSONError, check_json
 from agentium_graph.providers._errors import IncompleteStreamError, MalformedResponseError
 from agentium_graph.providers._models import (
     ModelRequest,
@@ -28,7 +28,7 @@ __all__ = ["ModelProvider", "assemble_stream", "call_complete", "check_response"
 # The most tokens one usage field may report: what every store keeps as a number (int64,
 # like every counter limit). More is no real call's usage, and neither its journal entry
 # nor the counters it is charged to could be stored.
-MAX_TOKENS = 2**63 - 1
+MAX_TOKENS = INT64_MAX
 
 
 @runtime_checkable

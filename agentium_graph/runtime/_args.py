@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
-from agentium_graph._canonical import digest
+from agentium_graph._canonical import INT64_MAX, digest
 from agentium_graph._program import ExecutionGraphProgram
 from agentium_graph.catalog._bindings import is_async_callable
 from agentium_graph.errors import ConfigurationError
@@ -243,7 +243,7 @@ def decode_cursor(cursor: str | None, key: str) -> int:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         prefix, key_tag, seq = raw.rsplit(":", 2)
         if prefix + ":" != _CURSOR_PREFIX or key_tag != digest(key)[7:19] or \
-                not 0 <= int(seq) < 2 ** 63:
+                not 0 <= int(seq) <= INT64_MAX:
             raise ValueError(raw)
         return int(seq)
     except (ValueError, binascii.Error, UnicodeDecodeError):

@@ -12,6 +12,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from agentium_graph._canonical import INT64_MAX
 from agentium_graph.errors import (
     BudgetExhaustedError,
     InvalidTransitionError,
@@ -87,7 +88,7 @@ ACTION_TRANSITIONS: dict[str, frozenset[str]] = {
 
 # The largest counter value every store can hold (MongoDB's integers are int64): an
 # unlimited counter stops here, as the runtime's clamp_usage stops token counts.
-MAX_COUNTER = 2**63 - 1
+MAX_COUNTER = INT64_MAX
 
 # Which counter each limit bounds (limits are pinned in the task header).
 COUNTER_LIMITS = ("expanded_nodes", "work_attempts", "plan_revisions", "tool_calls",
