@@ -127,12 +127,13 @@ async def plan_stream(run: TaskRun, program: ExecutionGraphProgram) -> None:
     assert config is not None
     state = await _load(run)
     while not state.sealed:
-        if state.calls > config.max_corrections:
-            raise _exhausted(run, config, state)
         if state.refused_at == run.header.revision and state.refused_counter is not None:
             # A frame already asked for a revision the budget refused, and counters are
             # never refunded: another provider call would be paid for and refused again.
+            # (Checked first: the proposal was not invalid, even when it used the last call.)
             raise _budget_refusal(run, state.refused_counter)
+        if state.calls > config.max_corrections:
+            raise _exhausted(run, config, state)
         request = _request(run, config, state)
         try:
             await _one_stream(run, program, config, request, state)
