@@ -271,9 +271,12 @@ async def _one_stream(run: TaskRun, program: ExecutionGraphProgram, config: Plan
                     # fault: typed, before anything of it is journaled or charged.
                     check_stream_event(event, seen - 1)
                 if isinstance(event, TextDelta):
-                    for text in reader.feed(event.text):
+                    frames, closing = reader.feed(event.text)
+                    for text in frames:
                         await _frame(run, program, config, text, state, call)
                         progress = clock()
+                    if closing is not None:
+                        raise closing
                 elif isinstance(event, ToolCallDelta):
                     raise _Rejected([Diagnostic(path="$", code="planner_tool_call", message=(
                         "the planner is tool-free: stream plan frames as text, not tool "
@@ -326,31 +329,40 @@ class _Frames:
     def __init__(self, max_frame: int, max_total: int) -> None:
         self.max_frame = max_frame
         self.max_total = max_total
-        self.total = 0
+        self.read = 0  # bytes of the complete lines so far, newlines included
         self.pending = ""
 
-    def feed(self, text: str) -> list[str]:
-        self.total += len(text.encode("utf-8", "surrogatepass"))
-        if self.total > self.max_total:
-            raise _Rejected([Diagnostic(path="$", code="stream_too_large", message=(
-                f"the stream is over max_total_bytes={self.max_total}; send fewer or smaller "
-                "frames"))], judged=False)
+    def feed(self, text: str) -> tuple[list[str], _Rejected | None]:
+        """The frames that ``text`` completes, in order, and the rejection that closes the
+        stream after them (a line over ``max_frame_bytes``, or text past
+        ``max_total_bytes``), if any. The frames before such a line are still judged, so
+        what commits never depends on how the provider cut its text into deltas."""
         *lines, self.pending = (self.pending + text).split("\n")
-        if len(self.pending.encode("utf-8", "surrogatepass")) > self.max_frame:
-            raise self._too_large()
-        frames = []
+        frames: list[str] = []
         for line in lines:
-            if len(line.encode("utf-8", "surrogatepass")) > self.max_frame:
-                raise self._too_large()
+            size = len(line.encode("utf-8", "surrogatepass"))
+            self.read += size + 1
+            if self.read > self.max_total:
+                return frames, self._too_much()
+            if size > self.max_frame:
+                return frames, self._too_large()
             if line.strip():
                 frames.append(line)
-        return frames
+        size = len(self.pending.encode("utf-8", "surrogatepass"))
+        if self.read + size > self.max_total:
+            return frames, self._too_much()
+        return frames, self._too_large() if size > self.max_frame else None
 
     def finish(self) -> str | None:
         """What is left at the stream's end: a last frame the model did not end with a
         newline (taken as a frame), or None."""
         rest, self.pending = self.pending, ""
         return rest if rest.strip() else None
+
+    def _too_much(self) -> _Rejected:
+        return _Rejected([Diagnostic(path="$", code="stream_too_large", message=(
+            f"the stream is over max_total_bytes={self.max_total}; send fewer or smaller "
+            "frames"))], judged=False)
 
     def _too_large(self) -> _Rejected:
         return _Rejected([Diagnostic(path="$", code="frame_too_large", message=(
