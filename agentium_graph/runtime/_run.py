@@ -416,6 +416,14 @@ class TaskRun:
                 if self.stop is None and isinstance(outcome.exception, AgentiumGraphError):
                     begin_stop(self, Stop("budget", outcome.exception))
                 continue
+            if outcome.state == "canceled" and outcome.action is None and \
+                    self.stop is not None:
+                # Stopped where it was (canceled, its permit refused, an agent starting no
+                # new call): left open for the stop's final commit, which closes it as it
+                # closes every open node: canceled, uncertain with an effect an earlier run
+                # dispatched that nobody reconciled yet, or left running after a budget or
+                # recovery stop, so the next run resumes it.
+                continue
             self.closed.add(node_id)
             if outcome.state == "uncertain":
                 steps.append(SettleNode(node_id=node_id, state="uncertain",
