@@ -24,11 +24,12 @@ from agentium_graph import (
     ExecutionGraphRuntime,
     HostCatalog,
     InMemoryDurableTaskStore,
+    NodeFailedError,
     RootLimits,
     ToolBinding,
 )
 from agentium_graph.providers import ScriptedProvider, ScriptedTurn, ToolCall, TurnMatch, Usage
-from agentium_graph.store import AppendJournal, CommitRequest, CommitResult
+from agentium_graph.store import AppendJournal, CommitRequest, CommitResult, SettleNode
 
 U1 = Usage(input_tokens=1, output_tokens=1)
 
@@ -58,6 +59,62 @@ def program(*nodes: dict[str, Any]) -> ExecutionGraphProgram:
 
 def agent_node(node_id: str) -> dict[str, Any]:
     return {"id": node_id, "binding": "ag", "version": "1", "args": {"prompt": node_id}}
+
+
+class SeesFailure(InMemoryDurableTaskStore):
+    """Sets ``failed`` once a commit that settles a node failed has landed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = asyncio.Event()
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        result = await super().commit(request)
+        if any(isinstance(s, SettleNode) and s.state == "failed" for s in request.steps):
+            self.failed.set()
+        return result
+
+
+async def test_an_agent_starts_no_new_call_once_another_node_failed_the_run() -> None:
+    # After node b failed (the run stopping, the task failing), the agent went on with its
+    # conversation: four more model calls and a connector dispatch per turn, all charged,
+    # to a destination that applied them, for a task that had already failed.
+    store = SeesFailure()
+    destination = Destination()
+    started = asyncio.Event()
+
+    async def boom(args: dict[str, Any]) -> dict[str, Any]:
+        await started.wait()
+        raise ValueError("boom")
+
+    async def pure(args: dict[str, Any]) -> dict[str, Any]:
+        started.set()
+        await asyncio.wait_for(store.failed.wait(), 5)  # b's failure is committed first
+        return {"v": 1}
+
+    turns = [ScriptedTurn(tool_calls=(ToolCall(id=f"c{t}", name="pure", arguments={}),
+                                      ToolCall(id=f"e{t}", name="eff", arguments={"t": t})),
+                          usage=U1, match=TurnMatch(assistant_turns=t)) for t in range(4)]
+    provider = ScriptedProvider([*turns, ScriptedTurn(text="done", usage=U1)])
+    catalog = HostCatalog([
+        ToolBinding(id="boom", version="1", execute=boom, recovery="pure"),
+        ToolBinding(id="pure", version="1", execute=pure, recovery="pure"),
+        ToolBinding(id="eff", version="1", connector=destination, destination="d"),
+        AgentBinding(id="ag", version="1", agent=Agent(provider, "go", tools=("pure", "eff"),
+                                                       max_output_tokens=5, max_turns=8))])
+    rt = ExecutionGraphRuntime(catalog=catalog, store=store)
+    await rt.create("k", program({"id": "b", "binding": "boom", "version": "1"},
+                                 agent_node("a")),
+                    limits=RootLimits(max_concurrent_work=2))
+    with pytest.raises(NodeFailedError) as info:
+        await asyncio.wait_for(rt.run("k"), 10)
+    assert info.value.node_id == "b"
+    assert provider.call_count == 1 and destination.applied == []
+    view = await rt.inspect("k")
+    assert view.status == "failed"
+    assert {n: v.state for n, v in view.nodes.items()} == {"b": "failed", "a": "canceled"}
+    assert view.counters["model_calls"] == 1 and view.counters["tool_calls"] == 2
+    assert not view.actions
 
 
 async def test_a_budget_stop_leaves_an_agent_waiting_for_a_permit_running() -> None:

@@ -61,6 +61,7 @@ from agentium_graph.providers._protocol import (
 )
 from agentium_graph.runtime import _abandon
 from agentium_graph.runtime import _effects as effects
+from agentium_graph.runtime._admission import Ticket
 from agentium_graph.runtime._blobs import read_verified
 from agentium_graph.runtime._context import CancelFlag, ToolContext
 from agentium_graph.runtime._graph import NodeSpec
@@ -129,6 +130,21 @@ class _Settled(Exception):
     def __init__(self, outcome: Outcome) -> None:
         super().__init__(f"tool call ended the node: {outcome.state}")
         self.outcome = outcome
+
+
+async def _permit(run: TaskRun, node_id: str) -> Ticket:
+    """A root permit for the agent's next model or tool call. A stopping run (failure,
+    budget, an uncertain effect) starts no new work, so neither does a running agent: it
+    ends where it is, open, for the stop's final commit to close it (canceled, or uncertain
+    over an effect an earlier run dispatched that it did not reach), or, after a budget
+    stop, for the next run to resume it from its journal. (A cancel or a deadline cancels
+    the agent itself.)"""
+    if run.stop is None:
+        ticket = await run.admission.acquire(node_id)
+        if run.stop is None:
+            return ticket
+        run.admission.release(ticket)  # granted as the run began to stop
+    raise _Settled(Outcome("canceled"))
 
 
 async def run_agent(run: TaskRun, spec: NodeSpec, args: dict[str, Any]) -> Outcome:
@@ -325,7 +341,8 @@ async def fetch_response(run: TaskRun, caller: ModelCaller, request: ModelReques
     for attempt in range(STREAM_ATTEMPTS):
         # One provider invocation = one work attempt; an interrupted one stays charged.
         adm = admission_id(caller.incarnation, f"model:{req_digest}:{run.fence}:{attempt}")
-        ticket = await run.admission.acquire(caller.node_id)
+        ticket = await (run.admission.acquire(None) if caller.node_id is None else
+                        _permit(run, caller.node_id))
         try:
             await run.submit([Charge(admission_id=adm, node_id=caller.node_id, charges={
                 "model_calls": 1, "work_attempts": 1, "input_tokens": estimate_in,
@@ -613,7 +630,7 @@ async def _pure_call(run: TaskRun, spec: NodeSpec, tool: ToolBinding, call: Tool
                      key: str) -> Outcome:
     rec = run.nodes[spec.id]
     adm = admission_id(rec.incarnation_id, f"tool:{key}:{run.fence}")
-    ticket = await run.admission.acquire(spec.id)
+    ticket = await _permit(run, spec.id)
     try:
         await run.submit([Charge(admission_id=adm, node_id=spec.id,
                                  charges={"work_attempts": 1, "tool_calls": 1})])
@@ -641,7 +658,7 @@ async def _effect_call(run: TaskRun, spec: NodeSpec, sub: NodeSpec, call: ToolCa
     rec = run.nodes[spec.id]
     args = dict(call.arguments)
     act = effects.action_id_for(run, rec, tool, args, call_id=key)
-    ticket = await run.admission.acquire(spec.id)
+    ticket = await _permit(run, spec.id)
     try:
         existing = run.actions.get(act)
         if existing is None or existing.state == "intent":
