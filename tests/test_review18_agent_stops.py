@@ -22,6 +22,7 @@ from agentium_graph import (
     DurableRecoveryRequiredError,
     ExecutionGraphProgram,
     ExecutionGraphRuntime,
+    GraphBinding,
     HostCatalog,
     InMemoryDurableTaskStore,
     NodeFailedError,
@@ -216,3 +217,47 @@ async def test_a_cancel_before_the_agent_reached_an_interrupted_dispatch_does_no
     assert view.status == "recovery_required" and view.nodes["a"].state == "uncertain"
     assert action.state == "uncertain" and view.cancel is not None
     assert len(destination.applied) == 1  # never dispatched again
+
+
+async def test_a_child_failing_while_the_run_stops_for_another_failure_fails_its_container(
+        ) -> None:
+    # Node b failed the run while g's child x was still running; x then failed too, but g
+    # ended 'canceled' (only the containers of the first failure were failed), a container
+    # canceled over a failed child as if someone had stopped it.
+    store = SeesFailure()
+    started = asyncio.Event()
+
+    async def first(args: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.wait_for(started.wait(), 5)
+        raise ValueError("first")
+
+    async def second(args: dict[str, Any]) -> dict[str, Any]:
+        started.set()
+        await asyncio.wait_for(store.failed.wait(), 5)  # b's failure is committed first
+        raise ValueError("second")
+
+    inner = ExecutionGraphProgram(id="inner", version="1", plan={
+        "schemaVersion": 1, "revision": 1,
+        "nodes": [{"id": "x", "binding": "second", "version": "1"}]})
+    outer = ExecutionGraphProgram(id="outer", version="1", plan={
+        "schemaVersion": 1, "revision": 1,
+        "nodes": [{"id": "h", "binding": "inner", "version": "1"}]})
+    catalog = HostCatalog([
+        ToolBinding(id="first", version="1", execute=first, recovery="pure"),
+        ToolBinding(id="second", version="1", execute=second, recovery="pure"),
+        GraphBinding(id="inner", version="1", program=inner),
+        GraphBinding(id="outer", version="1", program=outer)])
+    rt = ExecutionGraphRuntime(catalog=catalog, store=store)
+    await rt.create("k", program({"id": "g", "binding": "outer", "version": "1"},
+                                 {"id": "b", "binding": "first", "version": "1"}))
+    with pytest.raises(NodeFailedError) as info:
+        await asyncio.wait_for(rt.run("k"), 10)
+    assert info.value.node_id == "b"
+    view = await rt.inspect("k")
+    assert {n: v.state for n, v in view.nodes.items()} == {
+        "g": "failed", "b": "failed", "g/h": "failed", "g/h/x": "failed"}
+    for container in ("g", "g/h"):
+        error = view.nodes[container].error
+        assert error is not None and error.code == "child_failed"
+        assert error.details["child"] == "g/h/x"
+    assert view.error is not None and view.error.node_id == "b"

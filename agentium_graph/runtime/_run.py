@@ -57,6 +57,7 @@ from agentium_graph.runtime._stops import (
     Stop,
     abandon_overdue,
     abandon_running,
+    also_failed,
     begin_stop,
     check_recoverable,
     failure_stop,
@@ -448,6 +449,8 @@ class TaskRun:
                     if outcome.exception is not None:  # in this process: chain the original
                         stop.error.__cause__ = outcome.exception
                     begin_stop(self, stop)
+                else:
+                    also_failed(self, node_id, outcome.error)
 
     # --- admit ----------------------------------------------------------------------
     def _is_ready(self, node: NodeSpec) -> bool:
@@ -552,8 +555,7 @@ class TaskRun:
         return True
 
     def fail(self, node_id: str, info: ErrorInfo) -> None:
-        if self.stop is None:
-            begin_stop(self, failure_stop(self, node_id, info))
+        also_failed(self, node_id, info)
 
     def _ref_values(self, node: NodeSpec) -> dict[str, Any]:
         scope = self.graph.scopes[node.scope]

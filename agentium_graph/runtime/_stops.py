@@ -10,7 +10,7 @@ take the run whose loop calls them.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentium_graph.errors import (
@@ -43,6 +43,9 @@ class Stop:
     error: AgentiumGraphError
     info: ErrorInfo | None = None
     node_id: str | None = None  # the node whose failure stops the run
+    # Nodes that failed too while the run stopped for that failure (work in flight, a
+    # crashed run's records): their containers fail with them as well.
+    also: list[tuple[str, ErrorInfo | None]] = field(default_factory=list)
 
 
 def observe_stop(run: TaskRun) -> None:
@@ -206,8 +209,8 @@ def check_recoverable(run: TaskRun) -> None:
     status; finish that first instead of scheduling around it."""
     for node_id in run.graph.order:
         rec = run.nodes[node_id]
-        if rec.state == "failed" and run.stop is None:
-            begin_stop(run, failure_stop(run, node_id, rec.error))
+        if rec.state == "failed":
+            also_failed(run, node_id, rec.error)
     stuck = sorted(a.action_id for a in run.actions.values() if a.state == "uncertain")
     if stuck and run.stop is None:
         run.uncertain.extend(stuck)
@@ -221,6 +224,15 @@ def recovery_stop(run: TaskRun, reason: str = "") -> Stop:
                                               details={"action_ids": ids}))
 
 
+def also_failed(run: TaskRun, node_id: str, info: ErrorInfo | None) -> None:
+    """``node_id`` failed: the run stops for it, or, when it is stopping for another
+    failure already, the containers holding it fail too (:func:`_failed_containers`)."""
+    if run.stop is None:
+        begin_stop(run, failure_stop(run, node_id, info))
+    elif run.stop.reason == "failed":
+        run.stop.also.append((node_id, info))
+
+
 def failure_stop(run: TaskRun, node_id: str, info: ErrorInfo | None) -> Stop:
     info = info or ErrorInfo(code="node_failed", message="node failed", node_id=node_id)
     return Stop("failed", node_error(info, f"node {node_id!r} failed: {info.message}",
@@ -228,26 +240,26 @@ def failure_stop(run: TaskRun, node_id: str, info: ErrorInfo | None) -> Stop:
 
 
 def _failed_containers(run: TaskRun, stop: Stop) -> dict[str, ErrorInfo]:
-    """The open containers holding the node whose failure stops the run, each with an error
-    naming that node: they failed with it (canceled would say someone stopped them)."""
+    """The open containers holding a node that failed (the one whose failure stops the run,
+    or one that failed as it stopped), each with an error naming the first such node: they
+    failed with it (canceled would say someone stopped them)."""
     failed: dict[str, ErrorInfo] = {}
-    child = stop.node_id
-    if stop.reason != "failed" or child is None:
+    if stop.reason != "failed" or stop.node_id is None:
         return failed
-    info = stop.info
-    what = info.message if info is not None else "it failed"
-    spec = run.graph.specs.get(child)
-    scope = run.graph.scopes.get(spec.scope) if spec is not None else None
-    while scope is not None and scope.parent is not None:
-        container = scope.parent
-        if container not in run.closed:
-            failed[container] = ErrorInfo(
-                code="child_failed", node_id=container,
-                message=f"node {container!r}: its child {child!r} failed: {what}",
-                details={"child": child,
-                         **({"child_code": info.code} if info is not None else {})})
-        parent = run.graph.specs.get(container)
-        scope = run.graph.scopes.get(parent.scope) if parent is not None else None
+    for child, info in ((stop.node_id, stop.info), *stop.also):
+        what = info.message if info is not None else "it failed"
+        spec = run.graph.specs.get(child)
+        scope = run.graph.scopes.get(spec.scope) if spec is not None else None
+        while scope is not None and scope.parent is not None:
+            container = scope.parent
+            if container not in run.closed and container not in failed:
+                failed[container] = ErrorInfo(
+                    code="child_failed", node_id=container,
+                    message=f"node {container!r}: its child {child!r} failed: {what}",
+                    details={"child": child,
+                             **({"child_code": info.code} if info is not None else {})})
+            parent = run.graph.specs.get(container)
+            scope = run.graph.scopes.get(parent.scope) if parent is not None else None
     return failed
 
 
