@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from agentium_graph.connectors import Absent, ActionOutcome
 from agentium_graph.errors import (
     ConfigurationError,
+    DataIntegrityError,
     DeadlineExceededError,
     DescriptorMismatchError,
     DurableRecoveryRequiredError,
@@ -194,6 +195,13 @@ class OperatorAPI:
         events = await self.store.read_timeline(TimelineRequest(key=key, after_seq=after,
                                                                 limit=limit))
         events = [e for e in events if e.seq <= header.journal_seq]
+        if not events and after < header.journal_seq:
+            # A cursor that would not move: every page after it would be this one.
+            raise DataIntegrityError(
+                f"task {key!r}: its journal has no entry after seq {after}, but its header "
+                f"says it holds {header.journal_seq}; the store was damaged (journal entries "
+                "deleted, or the header edited): restore it from a backup",
+                details={"key": key, "after_seq": after, "journal_seq": header.journal_seq})
         last = events[-1].seq if events else after
         more = last < header.journal_seq
         return TimelinePage(key=key, events=tuple(events),

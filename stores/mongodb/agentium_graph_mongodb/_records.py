@@ -23,8 +23,11 @@ from agentium_graph.store import (
     TaskSnapshot,
 )
 from agentium_graph_mongodb._codec import (
+    bounded_repr,
     charges_text,
     check_version,
+    damaged,
+    decode_key,
     encode_key,
     header_from_doc,
     schema_errors,
@@ -89,7 +92,13 @@ def parse_records(doc: TaskDoc, model: type[M], name: str, texts: dict[str, str]
     out: dict[str, M] = {}
     for field_name in texts if only is None else (i for i in only if i in texts):
         with schema_errors(where, f"{name}.{field_name}", doc.key):
-            out[field_name] = model.model_validate_json(texts[field_name])
+            rec = model.model_validate_json(texts[field_name])
+        own = rec.node_id if isinstance(rec, NodeRecord) else rec.action_id
+        if encode_key(own) != field_name:  # filed under another id: every lookup misses it
+            id_name = "node_id" if isinstance(rec, NodeRecord) else "action_id"
+            raise damaged(where, f"{name}.{field_name}.{id_name} is {bounded_repr(own)}, not "
+                          f"the field's {bounded_repr(decode_key(field_name))}", doc.key)
+        out[field_name] = rec
     return out
 
 

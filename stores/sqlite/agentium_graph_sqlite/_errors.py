@@ -133,12 +133,14 @@ class BadRecord(Exception):
     :func:`mapped_errors`). ``what`` names the row for a human, e.g. ``"the header of task
     'k'"``; ``sql`` shows how to look at it."""
 
-    def __init__(self, error: ValidationError, what: str, key: str, sql: str) -> None:
+    def __init__(self, error: ValidationError | None, what: str, key: str, sql: str, *,
+                 problem: str | None = None) -> None:
         super().__init__(what)
-        self.error = error
+        self.error = error  # None: a record that parses but contradicts its row (problem)
         self.what = what
         self.key = key
         self.sql = sql
+        self.problem = problem
 
 
 # Error types that a newer version's records would cause (a field or a value this version
@@ -155,6 +157,12 @@ def _first_problem(error: ValidationError) -> str:
 def bad_record_error(bad: BadRecord, path: Path, op: str) -> StoreSchemaError:
     """The error for a stored record this version cannot parse: damage, or maybe newer."""
     error = bad.error
+    if error is None:
+        return StoreSchemaError(
+            f"SQLite store {str(path)!r}: {op} found {bad.what} damaged ({bad.problem}); "
+            f"restore the file from a backup, or inspect and repair the row ({bad.sql}); "
+            "other tasks stay readable", details={"path": str(path), "op": op, "key": bad.key,
+                                                  "problem": bad.problem})
     types = {e["type"] for e in error.errors(include_url=False, include_input=False)}
     details: dict[str, Any] = {"path": str(path), "op": op, "key": bad.key,
                                "problems": error.error_count()}

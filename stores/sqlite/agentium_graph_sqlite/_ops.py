@@ -26,7 +26,7 @@ from typing import Final, Generic, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from agentium_graph.errors import TaskNotFoundError
+from agentium_graph.errors import StoreSchemaError, TaskNotFoundError
 from agentium_graph.store._records import (
     ActionRecord,
     JournalEntry,
@@ -306,21 +306,37 @@ def _q(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+def _misfiled(what: str, key: str, sql: str, field: str, stored: str, row: str) -> BadRecord:
+    """A record that parses but names another row than the one holding it."""
+    return BadRecord(None, what, key, sql, problem=f"{field} is {stored[:100]!r}, not the "
+                     f"row's {row[:100]!r}")
+
+
 def parse_header(text: str | bytes, key: str) -> TaskHeader:
-    return _parse(TaskHeader, text, f"the header of task {key!r}", key,
-                  f"SELECT header FROM tasks WHERE key = {_q(key)}")
+    what, sql = f"the header of task {key!r}", f"SELECT header FROM tasks WHERE key = {_q(key)}"
+    header = _parse(TaskHeader, text, what, key, sql)
+    if header.key != key:  # every read and write of the task would be about another key
+        raise _misfiled(what, key, sql, "header.key", header.key, key)
+    return header
 
 
 def _parse_node(text: str, key: str, node_id: str) -> NodeRecord:
-    return _parse(NodeRecord, text, f"the record of node {node_id!r} of task {key!r}", key,
-                  f"SELECT record FROM nodes WHERE key = {_q(key)} AND node_id = {_q(node_id)}")
+    what = f"the record of node {node_id!r} of task {key!r}"
+    sql = f"SELECT record FROM nodes WHERE key = {_q(key)} AND node_id = {_q(node_id)}"
+    rec = _parse(NodeRecord, text, what, key, sql)
+    if rec.node_id != node_id:
+        raise _misfiled(what, key, sql, "node_id", rec.node_id, node_id)
+    return rec
 
 
 def _parse_action(text: str, key: str, action_id: str) -> ActionRecord:
-    return _parse(ActionRecord, text,
-                  f"the record of action {action_id!r} of task {key!r}", key,
-                  f"SELECT record FROM actions WHERE key = {_q(key)} AND action_id = "
-                  f"{_q(action_id)}")
+    what = f"the record of action {action_id!r} of task {key!r}"
+    sql = (f"SELECT record FROM actions WHERE key = {_q(key)} AND action_id = "
+           f"{_q(action_id)}")
+    rec = _parse(ActionRecord, text, what, key, sql)
+    if rec.action_id != action_id:
+        raise _misfiled(what, key, sql, "action_id", rec.action_id, action_id)
+    return rec
 
 
 def _parse_identity(text: str, key: str) -> TaskIdentity:
@@ -636,14 +652,36 @@ def read_timeline(conn: sqlite3.Connection, request: TimelineRequest, *,
     def body(c: sqlite3.Connection) -> list[JournalEntry]:
         # A row holds one commit's entries and is keyed by its last seq, so ``limit`` rows
         # past ``after_seq`` hold at least ``limit`` entries past it.
+        header = c.execute("SELECT header FROM tasks WHERE key = ?", (key,)).fetchone()
+        if header is None:
+            raise TaskNotFoundError(key)
+        committed = parse_header(header[0], key).journal_seq
         rows = c.execute(f"SELECT seq, {column} FROM journal WHERE key = ? AND seq > ? "
                          "ORDER BY seq LIMIT ?", (key, after, request.limit)).fetchall()
-        if not rows and c.execute("SELECT 1 FROM tasks WHERE key = ?",
-                                  (key,)).fetchone() is None:
-            raise TaskNotFoundError(key)
         out: list[JournalEntry] = []
         for seq, text in rows:
             out.extend(e for e in _parse_entries(text, key, seq, column=column)
-                       if e.seq > after)
-        return out[:request.limit]
+                       if after < e.seq <= committed)
+        out = out[:request.limit]
+        expected = range(after + 1, after + 1 + min(request.limit, max(committed - after, 0)))
+        if [e.seq for e in out] != list(expected):
+            raise _journal_damaged(key, committed, after, expected, out)
+        return out
     return read_txn(conn, body)
+
+
+def _journal_damaged(key: str, committed: int, after: int, expected: range,
+                     got: list[JournalEntry]) -> StoreSchemaError:
+    """The error for a page of the journal that is not the entries after ``after`` up to
+    the header's ``journal_seq`` (``committed``), one per seq in order: rows deleted,
+    duplicated, reordered or edited (a commit writes its entries and the header at once)."""
+    seqs = [e.seq for e in got]
+    missing = sorted(set(expected) - set(seqs))[:10]
+    problem = f"entries {missing} are missing" if missing else \
+        f"its entries are out of order or repeated (seqs {seqs[:10]})"
+    return StoreSchemaError(
+        f"SQLite store: the journal of task {key!r} is damaged after seq {after}: {problem} "
+        f"(its header says the journal has {committed} entries); restore the file from a "
+        f"backup, or inspect the rows (SELECT seq, entries FROM journal WHERE key = {_q(key)} "
+        "ORDER BY seq)", details={"key": key, "journal_seq": committed, "after_seq": after,
+                                  "missing": missing, "problem": f"journal: {problem}"})
