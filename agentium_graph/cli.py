@@ -598,7 +598,8 @@ def _cancel_message(outcome: CancelOutcome) -> str:
     if header.status in ("completed", "failed", "canceled") and not outcome.recorded:
         return f"task {key} is already {header.status}; nothing to cancel"
     if header.status == "canceled" and (outcome.recorded or outcome.applied):
-        stuck = header.error.details.get("uncertain_actions", []) if header.error else []
+        stuck = header.error.details.get("uncertain_actions") if header.error else None
+        stuck = stuck if isinstance(stuck, list) else []
         return (f"task {key} canceled" + (
             f"; the outcome of action(s) {', '.join(map(str, stuck))} stays unknown: check "
             "their destinations" if stuck else ""))

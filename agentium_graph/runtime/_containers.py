@@ -116,7 +116,8 @@ def restore(run: TaskRun) -> None:
             by_parent.setdefault(rec.parent, []).append(rec)
     while pending:
         container = pending.pop(0)
-        if run.nodes[container].state == "completed":
+        stored = run.nodes.get(container)
+        if stored is None or stored.state == "completed":  # None: damage, check_records names it
             continue
         spec = run.graph.specs[container]
         children = by_parent.get(container)

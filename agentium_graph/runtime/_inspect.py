@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from agentium_graph.errors import DataIntegrityError
 from agentium_graph.runtime._blobs import read_verified
 from agentium_graph.runtime._planner import planner_view
 from agentium_graph.runtime._views import NodeView, TaskView
@@ -79,6 +80,7 @@ async def build_view(store: DurableTaskStore, snapshot: TaskSnapshot,
         limit = header.limits.get(name)
         if limit is not None and value > limit:
             problems.append(f"counter {name}={value} exceeds its limit {limit}")
+    problems.extend(record_problems(snapshot, identity))
     planner, planner_problems = await planner_view(store, header, identity)
     problems.extend(planner_problems)
     return TaskView(
@@ -92,3 +94,58 @@ async def build_view(store: DurableTaskStore, snapshot: TaskSnapshot,
         created_at=header.created_at, updated_at=header.updated_at, fence=header.fence,
         journal_length=header.journal_seq, verified=not problems, problems=tuple(problems),
         planner=planner)
+
+
+def record_problems(snapshot: TaskSnapshot, identity: TaskIdentity | None) -> list[str]:
+    """What no sequence of store writes can leave behind, so the stored records were
+    changed outside the runtime: values out of range, records missing or misfiled, node
+    and action records naming a fence the task never granted. A run refuses the ones it
+    would build on (``check_records``, ``_load_outputs``)."""
+    header = snapshot.header
+    problems = [f"header: {name} is {value}, below 0" for name, value in (
+        ("fence", header.fence), ("seq", header.seq), ("journal_seq", header.journal_seq),
+        ("revision", header.revision)) if value < 0]
+    problems.extend(f"counter {name}={value} is below 0"
+                    for name, value in header.counters.items() if value < 0)
+    if header.lease is not None and header.lease.fence != header.fence:
+        problems.append(f"header: the lease's fence {header.lease.fence} is not the task's "
+                        f"fence {header.fence}")
+    plan = identity.plan if identity is not None else None
+    nodes = plan.get("nodes") if isinstance(plan, dict) else None  # any JSON, if damaged
+    planned = [n["id"] for n in nodes if isinstance(n, dict) and isinstance(n.get("id"), str)
+               ] if isinstance(nodes, list) else []
+    problems.extend(f"node {node_id!r} of the plan has no stored record"
+                    for node_id in planned if node_id not in snapshot.nodes)
+    for node_id, rec in snapshot.nodes.items():
+        if rec.node_id != node_id:
+            problems.append(f"node {node_id!r}: its stored record names node {rec.node_id!r}")
+        if rec.state == "completed" and not rec.output_digest:
+            problems.append(f"node {node_id!r}: completed without an output digest")
+        for attempt in rec.attempts:
+            if not 0 < attempt.fence <= header.fence:
+                problems.append(f"node {node_id!r}: attempt #{attempt.number} ran under fence "
+                                f"{attempt.fence}, which the task (fence {header.fence}) "
+                                "never granted")
+    for action_id, action in snapshot.actions.items():
+        if action.action_id != action_id:
+            problems.append(f"action {action_id}: its stored record names action "
+                            f"{action.action_id}")
+        if action.node_id not in snapshot.nodes:
+            problems.append(f"action {action_id}: its node {action.node_id!r} has no record")
+        if not 0 < action.fence <= header.fence:
+            problems.append(f"action {action_id}: recorded under fence {action.fence}, which "
+                            f"the task (fence {header.fence}) never granted")
+    return problems
+
+
+def check_snapshot(snapshot: TaskSnapshot, identity: TaskIdentity) -> None:
+    """Raise DataIntegrityError naming the first of :func:`record_problems`: a run does not
+    build on records no store write can produce (``inspect`` lists every one)."""
+    problems = record_problems(snapshot, identity)
+    if problems:
+        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+        key = snapshot.header.key
+        raise DataIntegrityError(
+            f"task {key!r}: {problems[0]}{more}; the store was damaged, restore it from a "
+            f"backup (nothing was run; inspect {key!r} lists every problem)",
+            details={"key": key, "problems": problems[:10]})

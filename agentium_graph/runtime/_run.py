@@ -224,7 +224,8 @@ class TaskRun:
         containers.restore(self)
         for cid in self.graph.order:
             spec = self.graph.specs[cid]
-            if containers.is_container(spec) and self.nodes[cid].state == "running":
+            rec = self.nodes.get(cid)  # None: damage, check_recoverable names it
+            if containers.is_container(spec) and rec is not None and rec.state == "running":
                 with contextlib.suppress(NodeInputError):
                     self.container_args[cid] = self._prepare_args(spec)
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
+
+from pydantic import ValidationError
 
 from agentium_graph._canonical import (
     NotJSONError,
@@ -41,7 +44,6 @@ from agentium_graph.errors import (
     StoreError,
     StoreNotDurableError,
     TaskCanceledError,
-    TaskNotFoundError,
     check_flags,
 )
 from agentium_graph.plan._validate import CompiledPlan, pseudo_ref_problems, validate_plan
@@ -66,7 +68,7 @@ from agentium_graph.runtime._config import (
 )
 from agentium_graph.runtime._containers import node_record
 from agentium_graph.runtime._context import current_context
-from agentium_graph.runtime._inspect import build_view
+from agentium_graph.runtime._inspect import build_view, check_snapshot
 from agentium_graph.runtime._operator import OperatorAPI, run_sync
 from agentium_graph.runtime._outcome import node_error
 from agentium_graph.runtime._planner import (
@@ -416,6 +418,7 @@ class ExecutionGraphRuntime(OperatorAPI):
         try:
             snapshot = lease.snapshot or await self.store.get_task(key)
             assert snapshot is not None
+            check_snapshot(snapshot, identity)
             if plan is None:
                 plan = await self._planned_root(identity, snapshot.header)
                 # Before planning every pinned binding may be proposed; after it, only the
@@ -554,19 +557,22 @@ class ExecutionGraphRuntime(OperatorAPI):
 
 
     # --- helpers --------------------------------------------------------------------
-    async def _identity(self, key: str) -> TaskIdentity:
-        identity = await self.store.get_identity(key)
-        if identity is None:
-            raise TaskNotFoundError(key)
-        return identity
-
     async def _pinned_identity(self, header: TaskHeader) -> TaskIdentity:
         """The task's identity: remembered from create/run when its digest still matches
-        the header's, else read from the store (and remembered)."""
+        the header's, else read from the store, checked against the header's digest (a
+        run follows its plan, descriptors and input) and remembered."""
         known = self._identities.get(header.key)
         if known is not None and known[0] == header.identity_digest:
             return known[1]
-        identity = await self._identity(header.key)
+        identity = await self.store.get_identity(header.key)
+        if identity is None or identity_digest_of(identity) != header.identity_digest:
+            problem = "is missing" if identity is None else \
+                "does not match the task's identity digest"
+            raise DataIntegrityError(
+                f"task {header.key!r}: its identity record (plan, descriptors, input) "
+                f"{problem}; the store was damaged, restore it from a backup (nothing was "
+                "run)", details={"key": header.key, "identity_digest": header.identity_digest,
+                                 "problem": "identity " + problem})
         self._remember_identity(header.identity_digest, identity)
         return identity
 
@@ -645,6 +651,13 @@ class ExecutionGraphRuntime(OperatorAPI):
     async def _load_outputs(self, snapshot: TaskSnapshot) -> dict[str, Any]:
         wanted: dict[str, str] = {n.node_id: n.output_digest for n in snapshot.nodes.values()
                                   if n.state == "completed" and n.output_digest}
+        for node_id, rec in sorted(snapshot.nodes.items()):
+            if rec.state == "completed" and not rec.output_digest:
+                # A store refuses such a completion: its dependents would read no output.
+                raise DataIntegrityError(
+                    f"task {snapshot.header.key!r}: node {node_id!r} is completed but its "
+                    "stored record has no output digest; the store was damaged, restore it "
+                    "from a backup", node_id=node_id, details={"problem": "no_output_digest"})
         blobs = await read_verified(self.store, wanted.values())
         outputs: dict[str, Any] = {}
         for node_id, want in sorted(wanted.items()):
@@ -673,8 +686,10 @@ def _raise_terminal(header: TaskHeader) -> None:
     if header.status == "canceled":
         raise TaskCanceledError(info.message if info else f"task {header.key!r} was canceled")
     if header.status == "recovery_required":
-        ids = info.details.get("action_ids", []) if info else []
-        raise DurableRecoveryRequiredError(header.key, [str(i) for i in ids],
+        ids = info.details.get("action_ids") if info else None
+        # Free-form details: a damaged header may hold anything there.
+        raise DurableRecoveryRequiredError(header.key, [str(i) for i in ids]
+                                           if isinstance(ids, list) else [],
                                            reason="resolve them before running again")
     if header.status == "failed":
         raise error_from_info(header.key, info)
@@ -686,9 +701,10 @@ def error_from_info(key: str, info: ErrorInfo | None) -> Exception:
     if info.code == "deadline_exceeded":
         return DeadlineExceededError(info.message, details=info.details)
     if info.code == PlanValidationError.code and "diagnostics" in info.details:
-        return PlanValidationError([Diagnostic(**d) for d in info.details["diagnostics"]],
-                                   subject=f"task {key!r}: the planner's last proposal",
-                                   advice=EXHAUSTED_ADVICE)
+        with contextlib.suppress(TypeError, ValidationError):  # damaged: as any failure
+            return PlanValidationError([Diagnostic(**d) for d in info.details["diagnostics"]],
+                                       subject=f"task {key!r}: the planner's last proposal",
+                                       advice=EXHAUSTED_ADVICE)
     if info.code == PlannerFailedError.code:
         return PlannerFailedError(info.message, details=info.details)
     return node_error(info, f"task {key!r} failed at node {info.node_id!r}: {info.message}",

@@ -204,9 +204,27 @@ def _cancellable(run: TaskRun, node_id: str) -> bool:
     return spec.kind == "agent" or spec.is_async
 
 
+def check_records(run: TaskRun) -> None:
+    """Every node of the plan (and of the containers a crashed run entered) has its stored
+    record, under its own id: a store always writes them with the plan (create, AddNodes),
+    so a missing or misfiled one is damage, and scheduling around it could run a node
+    again whose dependents already consumed its output, or fail the task for it."""
+    misfiled = sorted(i for i, rec in run.nodes.items() if rec.node_id != i)
+    missing = [i for i in run.graph.order if i not in run.nodes]
+    if misfiled or missing:
+        problem = (f"the record stored for node {misfiled[0]!r} names node "
+                   f"{run.nodes[misfiled[0]].node_id!r}" if misfiled else
+                   f"node {missing[0]!r} of its plan has no stored record")
+        raise DataIntegrityError(
+            f"task {run.key!r}: {problem}; the store was damaged, restore it from a backup "
+            "(nothing was run)", node_id=(misfiled or missing)[0],
+            details={"key": run.key, "missing": missing[:10], "misfiled": misfiled[:10]})
+
+
 def check_recoverable(run: TaskRun) -> None:
     """A crash may have left a failed or uncertain node without the matching task
     status; finish that first instead of scheduling around it."""
+    check_records(run)
     for node_id in run.graph.order:
         rec = run.nodes[node_id]
         if rec.state == "failed":
