@@ -59,6 +59,10 @@ def resolve_command(config: object, key: str, action_id: str, absent: bool,
             value = json.loads(output_json)
         except json.JSONDecodeError as exc:
             raise click.BadParameter(f"not JSON: {exc}", param_hint="'--output'") from None
+        except RecursionError:  # arrays or objects nested about a thousand deep
+            raise click.BadParameter("nested too deeply to be read; pass the destination's "
+                                     "output as it was returned", param_hint="'--output'"
+                                     ) from None
         verdict = ActionOutcome(output=value, result_ref=result_ref or action_id)
     assert isinstance(config, CliConfig)
 
