@@ -12,11 +12,11 @@ worker can run, it cancels at once). No command creates a database.
 
 Exit codes (:data:`EXIT_CODES`): 0 ok; 1 any other error; 2 usage (a bad option, a bad
 ``--store`` URI or cursor); 3 no task under that key; 4 the store cannot be opened or is
-unavailable, or a stored record is damaged (``list`` still lists every task it can read and
-shows the damaged ones as such: :mod:`agentium_graph._cli_list`). Errors, usage errors
-included, are one line on stderr starting with ``error:``, never a traceback. Text from the
-store or the command line reaches the terminal with the characters a terminal acts on (ESC
-and the other controls) escaped: :func:`_safe`.
+unavailable, or a stored record is damaged (a DataIntegrityError too; ``list`` still lists
+every task it can read and shows the damaged ones as such: :mod:`agentium_graph._cli_list`).
+Errors, usage errors included, are one line on stderr starting with ``error:``, never a
+traceback. Text from the store or the command line reaches the terminal with the characters
+a terminal acts on (ESC and the other controls) escaped: :func:`_safe`.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from agentium_graph.catalog._catalog import HostCatalog
 from agentium_graph.errors import (
     AgentiumGraphError,
     ConfigurationError,
+    DataIntegrityError,
     ErrorInfo,
     StoreError,
     TaskNotFoundError,
@@ -106,7 +107,7 @@ def exit_code_for(exc: AgentiumGraphError) -> int:
     """The process exit code for an SDK error (see the module docstring)."""
     if isinstance(exc, TaskNotFoundError):
         return EXIT_NOT_FOUND
-    if isinstance(exc, StoreError):
+    if isinstance(exc, StoreError | DataIntegrityError):  # DataIntegrityError: damaged data
         return EXIT_STORE
     if isinstance(exc, ConfigurationError):
         return EXIT_USAGE

@@ -185,6 +185,11 @@ class OperatorAPI:
                 f"cursor must be None or a next_cursor string returned by timeline(), not "
                 f"{kind(cursor)}")
         header = await self._header(key)
+        if header.journal_seq < 0:  # not a cursor's fault: no write stores that
+            raise DataIntegrityError(
+                f"task {key!r}: its header says its journal holds {header.journal_seq} "
+                "entries; the store was damaged, restore it from a backup",
+                details={"key": key, "journal_seq": header.journal_seq})
         after = decode_cursor(cursor, key)
         if after > header.journal_seq:
             # The journal only grows and a page never ends past it: a forged cursor.
