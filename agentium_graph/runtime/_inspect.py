@@ -5,17 +5,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agentium_graph.errors import DataIntegrityError
+from agentium_graph.errors import DataIntegrityError, StoreSchemaError
 from agentium_graph.runtime._blobs import read_verified
 from agentium_graph.runtime._planner import planner_view
 from agentium_graph.runtime._views import NodeView, TaskView
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import (
+    TaskHeader,
     TaskIdentity,
     TaskSnapshot,
     identity_digest_of,
     trusted,
 )
+from agentium_graph.store._requests import TimelineRequest
 
 _NODE_VIEW_SET = frozenset(NodeView.model_fields)
 
@@ -136,6 +138,53 @@ def record_problems(snapshot: TaskSnapshot, identity: TaskIdentity | None) -> li
             problems.append(f"action {action_id}: recorded under fence {action.fence}, which "
                             f"the task (fence {header.fence}) never granted")
     return problems
+
+
+async def journal_problem(store: DurableTaskStore, header: TaskHeader) -> str | None:
+    """What is wrong with the end of the task's journal (one entry read: the last one its
+    header counts), or None. A journal cut short or renumbered is seen here; the rest of it
+    is checked as a timeline pages through it."""
+    seq = header.journal_seq
+    if seq < 1:
+        return None  # record_problems names an impossible journal_seq
+    try:
+        last = await store.read_timeline(TimelineRequest(key=header.key, after_seq=seq - 1,
+                                                         limit=1))
+    except (StoreSchemaError, DataIntegrityError) as exc:
+        return f"journal: {exc}"
+    if [e.seq for e in last] != [seq]:
+        found = f"entry {last[0].seq}" if last else "no entry"
+        return f"journal: its last entry should be #{seq} (the header counts {seq}), " \
+               f"the store has {found} there"
+    return None
+
+
+async def check_journal(store: DurableTaskStore, header: TaskHeader) -> None:
+    """Raise DataIntegrityError for :func:`journal_problem`: a run appends to the journal,
+    and does not go on from one whose end is damaged (``inspect`` lists it too)."""
+    problem = await journal_problem(store, header)
+    if problem is not None:
+        raise DataIntegrityError(
+            f"task {header.key!r}: {problem}; the store was damaged, restore it from a backup "
+            f"(nothing was run; inspect {header.key!r} lists every problem)",
+            details={"key": header.key, "problems": [problem]})
+
+
+async def verified_identity(store: DurableTaskStore, key: str,
+                            identity_digest: str) -> TaskIdentity:
+    """The task's identity record, checked against the digest its header pins: what a run
+    follows (plan, descriptors, input) and what an operator's resolution is checked with.
+    DataIntegrityError when it is missing or another; nothing is written."""
+    identity = await store.get_identity(key)
+    if identity is None or identity_digest_of(identity) != identity_digest:
+        problem = "is missing" if identity is None else \
+            "does not match the task's identity digest"
+        raise DataIntegrityError(
+            f"task {key!r}: its identity record (plan, descriptors, input) {problem}; the "
+            "store was damaged, restore it from a backup (nothing was run or written)",
+            details={"key": key, "identity_digest": identity_digest,
+                     "problem": "identity " + problem})
+    return identity
 
 
 def check_snapshot(snapshot: TaskSnapshot, identity: TaskIdentity) -> None:

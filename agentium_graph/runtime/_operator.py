@@ -36,7 +36,7 @@ from agentium_graph.runtime._args import (
     kind,
 )
 from agentium_graph.runtime._config import RootLimits
-from agentium_graph.runtime._inspect import build_view
+from agentium_graph.runtime._inspect import build_view, journal_problem
 from agentium_graph.runtime._resolve import cancel_stopped, resolve_action
 from agentium_graph.runtime._views import AdmissionSnapshot, TaskResult, TaskView
 from agentium_graph.store._protocol import DurableTaskStore
@@ -87,7 +87,12 @@ class OperatorAPI:
         if snapshot is None:
             raise TaskNotFoundError(key)
         identity = await self.store.get_identity(key)
-        return await build_view(self.store, snapshot, identity)
+        view = await build_view(self.store, snapshot, identity)
+        problem = await journal_problem(self.store, snapshot.header)
+        if problem is None:
+            return view
+        return view.model_copy(update={"verified": False,
+                                       "problems": (*view.problems, problem)})
 
     async def cancel(self, key: str, reason: str) -> TaskView:
         """Persist a cancel request; the lease holder observes it and stops cooperatively.

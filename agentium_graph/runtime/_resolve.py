@@ -41,6 +41,7 @@ from agentium_graph.errors import (
 )
 from agentium_graph.runtime._args import check_actor
 from agentium_graph.runtime._config import DEFAULT_LEASE_TTL
+from agentium_graph.runtime._inspect import check_snapshot, verified_identity
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import (
     TERMINAL_TASK,
@@ -80,7 +81,8 @@ async def resolve_action(store: DurableTaskStore, key: str, action_id: str,
     # task as it was (taking the lease journals it and raises the fence). The pinned schema
     # and the action's origin never change, so the check holds under the lease too.
     text = None if isinstance(outcome, Absent) else _checked_output(
-        key, first.actions[action_id], outcome, await store.get_identity(key))
+        key, first.actions[action_id], outcome,
+        await verified_identity(store, key, first.header.identity_digest))
     worker = f"operator:{actor}"
     try:
         grant = await store.acquire_lease(AcquireLeaseRequest(
@@ -292,6 +294,9 @@ async def cancel_stopped(store: DurableTaskStore, key: str, *, lease_ttl: float,
         if snapshot.header.status != "recovery_required":
             await _release(store, key, worker, grant.fence, clock)
             return False
+        # Nothing is written over damage (the lease is given back by the handler below).
+        check_snapshot(snapshot, await verified_identity(store, key,
+                                                         snapshot.header.identity_digest))
         cancel = snapshot.header.cancel
         why = cancel.reason if cancel is not None else "canceled"
         stuck = sorted(a.action_id for a in snapshot.actions.values()

@@ -68,7 +68,12 @@ from agentium_graph.runtime._config import (
 )
 from agentium_graph.runtime._containers import node_record
 from agentium_graph.runtime._context import current_context
-from agentium_graph.runtime._inspect import build_view, check_snapshot
+from agentium_graph.runtime._inspect import (
+    build_view,
+    check_journal,
+    check_snapshot,
+    verified_identity,
+)
 from agentium_graph.runtime._operator import OperatorAPI, run_sync
 from agentium_graph.runtime._outcome import node_error
 from agentium_graph.runtime._planner import (
@@ -397,6 +402,8 @@ class ExecutionGraphRuntime(OperatorAPI):
         else:
             self._check_descriptors(identity)
             plan = self._compile(identity)
+        # Before the lease: taking it appends to the journal, past a damaged end.
+        await check_journal(self.store, header)
         try:
             lease = await self._acquire(key, worker_id, wait, header.deadline)
         except (LeaseHeldError, DeadlineExceededError, InvalidTransitionError):
@@ -564,15 +571,7 @@ class ExecutionGraphRuntime(OperatorAPI):
         known = self._identities.get(header.key)
         if known is not None and known[0] == header.identity_digest:
             return known[1]
-        identity = await self.store.get_identity(header.key)
-        if identity is None or identity_digest_of(identity) != header.identity_digest:
-            problem = "is missing" if identity is None else \
-                "does not match the task's identity digest"
-            raise DataIntegrityError(
-                f"task {header.key!r}: its identity record (plan, descriptors, input) "
-                f"{problem}; the store was damaged, restore it from a backup (nothing was "
-                "run)", details={"key": header.key, "identity_digest": header.identity_digest,
-                                 "problem": "identity " + problem})
+        identity = await verified_identity(self.store, header.key, header.identity_digest)
         self._remember_identity(header.identity_digest, identity)
         return identity
 
