@@ -12,9 +12,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from acceptance._graph import CallLog, catalog, program
@@ -23,26 +21,16 @@ from agentium_graph import AgentiumGraphError, DurableTaskStore, ExecutionGraphR
 from agentium_graph.store import (
     AcquireLeaseRequest,
     AppendJournal,
-    CancelTaskRequest,
     CommitRequest,
     CommitResult,
     CommitRevision,
-    CreateTaskRequest,
-    CreateTaskResult,
-    JournalEntry,
     LeaseGrant,
     LeaseStatus,
-    ListTasksRequest,
-    ReleaseLeaseRequest,
     RenewLeaseRequest,
     SettleNode,
     StartAttempt,
-    StoreCapabilities,
-    TaskHeader,
-    TaskIdentity,
-    TaskSnapshot,
-    TimelineRequest,
 )
+from agentium_graph.testing import ForwardingStore
 
 
 def die() -> None:
@@ -50,7 +38,7 @@ def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-class KillSwitch:
+class KillSwitch(ForwardingStore):
     """Wraps a store; SIGKILLs the process at one journal boundary.
 
     ``point``: before_lease | after_lease | before_start_commit | after_start_commit |
@@ -61,13 +49,9 @@ class KillSwitch:
     """
 
     def __init__(self, inner: DurableTaskStore, point: str, node: str | None) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.point = point
         self.node = node
-
-    @property
-    def capabilities(self) -> StoreCapabilities:
-        return self.inner.capabilities
 
     def _matches(self, request: CommitRequest, kind: type[Any]) -> bool:
         return any(isinstance(s, kind) and s.node_id == self.node and
@@ -112,43 +96,6 @@ class KillSwitch:
         if self.point == "during_renewal":
             die()
         return await self.inner.renew_lease(request)
-
-    async def create_task(self, request: CreateTaskRequest) -> CreateTaskResult:
-        return await self.inner.create_task(request)
-
-    async def get_header(self, key: str) -> TaskHeader | None:
-        return await self.inner.get_header(key)
-
-    async def get_task(self, key: str) -> TaskSnapshot | None:
-        return await self.inner.get_task(key)
-
-    async def get_identity(self, key: str) -> TaskIdentity | None:
-        return await self.inner.get_identity(key)
-
-    async def list_tasks(self, request: ListTasksRequest) -> list[TaskHeader]:
-        return await self.inner.list_tasks(request)
-
-    async def release_lease(self, request: ReleaseLeaseRequest) -> TaskHeader:
-        return await self.inner.release_lease(request)
-
-    async def request_cancel(self, request: CancelTaskRequest) -> TaskHeader:
-        return await self.inner.request_cancel(request)
-
-    async def get_blobs(self, digests: Sequence[str]) -> dict[str, str]:
-        return await self.inner.get_blobs(digests)
-
-    async def read_timeline(self, request: TimelineRequest) -> list[JournalEntry]:
-        return await self.inner.read_timeline(request)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def __aenter__(self) -> KillSwitch:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.close()
 
 
 async def main(config: dict[str, Any]) -> dict[str, Any]:

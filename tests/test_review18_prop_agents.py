@@ -45,6 +45,7 @@ from agentium_graph import (
     BudgetExhaustedError,
     Budgets,
     DurableRecoveryRequiredError,
+    DurableTaskStore,
     ExecutionGraphProgram,
     ExecutionGraphRuntime,
     GraphBinding,
@@ -69,6 +70,7 @@ from agentium_graph.providers import (
     Usage,
 )
 from agentium_graph.store import AppendJournal, CommitRequest, CommitResult
+from agentium_graph.testing import ForwardingStore
 from tests._review18_prop_model import Executions, canonical, repeat_condition, small_hash
 from tests.test_review18_prop_runtime import (
     DEEP,
@@ -447,15 +449,12 @@ def evaluate(case: Case) -> Reference:
 
 
 # --- running ---------------------------------------------------------------------------------
-class Landing:
+class Landing(ForwardingStore):
     """Wraps a store; tells the host about every commit that landed (before its answer)."""
 
-    def __init__(self, inner: Any, host: Host) -> None:
-        self.inner = inner
+    def __init__(self, inner: DurableTaskStore, host: Host) -> None:
+        super().__init__(inner)
         self.host = host
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
     async def commit(self, request: CommitRequest) -> CommitResult:
         result: CommitResult = await self.inner.commit(request)
@@ -482,7 +481,7 @@ class Driver:
     worker: int = 0
 
     def runtime(self, fault: Fault | None) -> tuple[ExecutionGraphRuntime, Faulty]:
-        store = Faulty(Landing(self.stores.open(), self.host), fault)  # type: ignore[arg-type]
+        store = Faulty(Landing(self.stores.open(), self.host), fault)
         store.canceler = self.cancel
         return ExecutionGraphRuntime(catalog=self.cat, store=store, clock=_clock(self.offset),
                                      lease_ttl=LEASE_TTL, poll_interval=POLL), store

@@ -19,12 +19,11 @@ import asyncio
 import itertools
 import os
 import tempfile
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
@@ -46,24 +45,9 @@ from agentium_graph import (
     TaskView,
 )
 from agentium_graph.store import (
-    AcquireLeaseRequest,
-    CancelTaskRequest,
-    CommitRequest,
-    CommitResult,
-    CreateTaskRequest,
-    CreateTaskResult,
     JournalEntry,
-    LeaseGrant,
-    LeaseStatus,
-    ListTasksRequest,
-    ReleaseLeaseRequest,
-    RenewLeaseRequest,
-    StoreCapabilities,
-    TaskHeader,
-    TaskIdentity,
-    TaskSnapshot,
-    TimelineRequest,
 )
+from agentium_graph.testing import ForwardingStore
 from agentium_graph_sqlite import SQLiteDurableTaskStore
 from tests._review18_prop_model import (
     Case,
@@ -92,6 +76,9 @@ def prop_settings(examples: int) -> settings:
 
 
 # --- store wrapper -------------------------------------------------------------------------
+T = TypeVar("T")
+
+
 class Crash(BaseException):
     """The worker died (like a SIGKILL: nothing after it runs in that process)."""
 
@@ -114,12 +101,12 @@ class Fault:
     fresh: bool = False  # the next run is a fresh runtime (another worker)
 
 
-class Faulty:
+class Faulty(ForwardingStore):
     """Wraps a store; injects one :class:`Fault` at the store boundary (no test-only branch
     in the library: the runtime calls store methods by name)."""
 
     def __init__(self, inner: DurableTaskStore, fault: Fault | None) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.fault = fault
         self.writes = 0
         self.renewals = 0
@@ -127,16 +114,23 @@ class Faulty:
         self.dead = False
         self.fired = False
 
-    @property
-    def capabilities(self) -> StoreCapabilities:
-        return self.inner.capabilities
-
-    def _alive(self) -> None:
+    async def around(self, op: str, call: Callable[[], Awaitable[T]]) -> T:
+        if op == "close":
+            return await call()
         if self.dead:
             raise Crash("this worker is dead")
+        if op in ("commit", "acquire_lease"):
+            return await self._write(call)
+        fault = self.fault
+        if op == "renew_lease" and fault is not None and fault.mode == "renew_error" and \
+                not self.fired:
+            self.renewals += 1
+            if self.renewals == (fault.at - 1) % 2 + 1:
+                self.fired = True
+                raise StoreError("injected: a renewal failed (disk I/O error)")
+        return await call()
 
-    async def _write(self, call: Any) -> Any:
-        self._alive()
+    async def _write(self, call: Callable[[], Awaitable[T]]) -> T:
         self.writes += 1
         fault = self.fault
         if fault is None or self.fired or self.writes != fault.at or \
@@ -164,70 +158,6 @@ class Faulty:
             raise Crash("died right after the write landed")
         assert fault.mode == "unavailable_after"
         raise StoreUnavailableError("injected: the answer of a write that landed was lost")
-
-    async def commit(self, request: CommitRequest) -> CommitResult:
-        result: CommitResult = await self._write(lambda: self.inner.commit(request))
-        return result
-
-    async def acquire_lease(self, request: AcquireLeaseRequest) -> LeaseGrant:
-        grant: LeaseGrant = await self._write(lambda: self.inner.acquire_lease(request))
-        return grant
-
-    async def renew_lease(self, request: RenewLeaseRequest) -> LeaseStatus:
-        self._alive()
-        fault = self.fault
-        if fault is not None and fault.mode == "renew_error" and not self.fired:
-            self.renewals += 1
-            if self.renewals == (fault.at - 1) % 2 + 1:
-                self.fired = True
-                raise StoreError("injected: a renewal failed (disk I/O error)")
-        return await self.inner.renew_lease(request)
-
-    async def release_lease(self, request: ReleaseLeaseRequest) -> TaskHeader:
-        self._alive()
-        return await self.inner.release_lease(request)
-
-    async def create_task(self, request: CreateTaskRequest) -> CreateTaskResult:
-        self._alive()
-        return await self.inner.create_task(request)
-
-    async def get_header(self, key: str) -> TaskHeader | None:
-        self._alive()
-        return await self.inner.get_header(key)
-
-    async def get_task(self, key: str) -> TaskSnapshot | None:
-        self._alive()
-        return await self.inner.get_task(key)
-
-    async def get_identity(self, key: str) -> TaskIdentity | None:
-        self._alive()
-        return await self.inner.get_identity(key)
-
-    async def list_tasks(self, request: ListTasksRequest) -> list[TaskHeader]:
-        self._alive()
-        return await self.inner.list_tasks(request)
-
-    async def request_cancel(self, request: CancelTaskRequest) -> TaskHeader:
-        self._alive()
-        return await self.inner.request_cancel(request)
-
-    async def get_blobs(self, digests: Sequence[str]) -> dict[str, str]:
-        self._alive()
-        return await self.inner.get_blobs(digests)
-
-    async def read_timeline(self, request: TimelineRequest) -> list[JournalEntry]:
-        self._alive()
-        return await self.inner.read_timeline(request)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    async def __aenter__(self) -> Faulty:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.close()
 
 
 # --- running and observing -----------------------------------------------------------------

@@ -39,7 +39,13 @@ from agentium_graph.store import (
     TimelineRequest,
 )
 from agentium_graph.store._memory import _Row
-from agentium_graph.testing import FactoryHarness, StoreConformanceSuite, StoreHarness
+from agentium_graph.testing import (
+    FactoryHarness,
+    ForwardingStore,
+    StoreConformanceSuite,
+    StoreHarness,
+    make_create_request,
+)
 from agentium_graph.testing.memory import MemoryHarness
 
 T = TypeVar("T")
@@ -158,11 +164,50 @@ class TestFileBackedMemoryStoreConformance(StoreConformanceSuite):
                               factory_kwargs={"path": str(tmp_path / "store.json")})
 
 
+def forwarding_file_backed(path: str) -> ForwardingStore:
+    """The file-backed double behind a :class:`ForwardingStore` that overrides nothing."""
+    return ForwardingStore(FileBackedMemoryStore(path))
+
+
+class TestForwardingStoreConformance(StoreConformanceSuite):
+    """A ForwardingStore hands every protocol call through unchanged: the whole suite,
+    durability and two-process tests included, passes through one."""
+
+    @pytest.fixture
+    def harness(self, tmp_path: Path) -> StoreHarness:
+        return FactoryHarness(name="forwarding(memory-in-a-file)",
+                              factory=f"{__name__}:forwarding_file_backed",
+                              factory_kwargs={"path": str(tmp_path / "store.json")})
+
+
+async def test_a_forwarding_store_sends_every_call_through_around() -> None:
+    seen: list[str] = []
+
+    class Recording(ForwardingStore):
+        async def around(self, op: str, call: Any) -> Any:
+            seen.append(op)
+            return await call()
+
+    async with Recording(InMemoryDurableTaskStore()) as store:
+        assert store.capabilities == store.inner.capabilities
+        request = make_create_request("k")
+        await store.create_task(request)
+        assert (await store.get_header("k")) is not None
+        assert (await store.get_task("k")) is not None
+        assert (await store.get_identity("k")) is not None
+        await store.list_tasks(ListTasksRequest())
+        await store.get_blobs([])
+        await store.read_timeline(TimelineRequest(key="k"))
+    assert seen == ["create_task", "get_header", "get_task", "get_identity", "list_tasks",
+                    "get_blobs", "read_timeline", "close"]
+
+
 def test_the_testing_facade_is_pinned() -> None:
     import agentium_graph.testing as testing
 
     assert sorted(testing.__all__) == sorted([
-        "T0", "FactoryHarness", "FixedClock", "PartialStream", "ScriptedProvider",
+        "T0", "FactoryHarness", "FixedClock", "ForwardingStore", "PartialStream",
+        "ScriptedProvider",
         "ScriptedTurn", "TurnMatch", "StoreConformanceSuite", "StoreHarness",
         "TaskState", "acquire", "action_record", "capture", "commit", "load_factory",
         "make_create_request", "make_identity", "node_record", "open_from_factory",

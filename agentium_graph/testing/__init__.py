@@ -33,7 +33,8 @@ The suite talks to the store only through the protocol. Durability tests run onl
 is True; otherwise they are skipped with that reason. Helpers for your own tests:
 :func:`make_create_request` (a valid create request like ``runtime.create()`` builds),
 :func:`node_record`, :func:`action_record`, :class:`FixedClock`, :func:`capture` (a task's
-whole state, to assert that a rejected call changed nothing) and :func:`read_timeline`.
+whole state, to assert that a rejected call changed nothing), :func:`read_timeline` and
+:class:`ForwardingStore` (wraps a store; override the calls a test observes or breaks).
 See ``docs/store-authors.md``.
 
 Also shipped here for tests and examples: :class:`ScriptedProvider`, the deterministic fake
@@ -55,6 +56,7 @@ from agentium_graph.testing._fixtures import (
     node_record,
     read_timeline,
 )
+from agentium_graph.testing._forwarding import ForwardingStore
 from agentium_graph.testing._harness import (
     FactoryHarness,
     StoreHarness,
@@ -67,6 +69,7 @@ __all__ = [
     "T0",
     "FactoryHarness",
     "FixedClock",
+    "ForwardingStore",
     "PartialStream",
     "ScriptedProvider",
     "ScriptedTurn",
