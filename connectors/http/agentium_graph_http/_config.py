@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Literal
 from urllib.parse import quote, unquote, urlsplit
@@ -229,6 +230,11 @@ class HttpConnectorConfig(BaseModel):
             if flat:
                 found.add(flat)
             found.update(word for word in flat.split() if len(word) >= 8)
+        # Also as a JSON encoder may echo them in an error body: '"' and '\\' escaped,
+        # and '/' written as '\\/' (PHP's json_encode does by default).
+        for secret in list(found):
+            escaped = json.dumps(secret)[1:-1]
+            found.update({escaped, escaped.replace("/", "\\/")})
         return tuple(sorted(found, key=len, reverse=True))
 
     @property

@@ -112,6 +112,7 @@ class HttpActionConnector:
                                      for name in config.headers)
         self._shared = client
         self._transport = transport
+        self._warned_loops = False
         self._owned: httpx.AsyncClient | None = None
         self._owned_loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
 
@@ -157,13 +158,18 @@ class HttpActionConnector:
         headers = {**cfg.headers, cfg.idempotency_header: request.action_id,
                    "Content-Type": "application/json", "Accept": "application/json"}
         attempts = cfg.dispatch_attempts if cfg.idempotent_destination else 1
+        reached: int | None = None  # the first attempt that may have taken effect
         for attempt in range(1, attempts + 1):
             try:
                 response = await self._send(cfg.method, url, body, headers, cfg.timeout_s)
                 return ActionOutcome(output=self._body(response, url, cfg.method),
                                      result_ref=request.result_ref)
             except HttpTransientError as exc:
+                if exc.may_have_taken_effect and reached is None:
+                    reached = attempt
                 if attempt == attempts:
+                    if reached is not None and not exc.may_have_taken_effect:
+                        raise _earlier_attempt_reached(exc, cfg.method, reached, attempts) from exc
                     raise
                 delay = self._backoff(attempt, exc.details.get("retry_after_s"))
                 _log.info("dispatch of %s to %s failed (%s); retrying in %.2fs under the "
@@ -251,6 +257,18 @@ class HttpActionConnector:
             # Connections belong to the loop that opened them, and a host may call us from
             # successive loops (asyncio.run per call): the owned client keeps no idle
             # connection that could outlive its loop, and each loop gets its own client.
+            # A transport passed in keeps connections as it was built to (the client's
+            # limits do not reach it): one it kept alive on a closed loop fails the next
+            # request, so say how to build one that keeps none.
+            if self._owned is not None and self._transport is not None and \
+                    not self._warned_loops:
+                self._warned_loops = True
+                _log.warning(
+                    "connector %s is used from another event loop than before, with the "
+                    "transport= it was given: connections that transport kept alive belong "
+                    "to the old loop and fail requests sent on them (the runtime then looks "
+                    "the action up); build it with limits=httpx.Limits("
+                    "max_keepalive_connections=0), or use one event loop", self.id)
             self._owned = httpx.AsyncClient(
                 transport=self._transport, follow_redirects=False,
                 headers={"User-Agent": _USER_AGENT},
@@ -411,3 +429,18 @@ def _parse_json(content: bytes) -> Any:
 
 def _fits_the_protocol(connector: HttpActionConnector) -> DurableActionConnector:
     return connector  # mypy --strict proves the fit; there is no runtime_checkable here
+
+
+def _earlier_attempt_reached(last: HttpTransientError, method: str, reached: int,
+                             attempts: int) -> HttpTransientError:
+    """The error of a dispatch whose last attempt provably did not apply, but an earlier one
+    may have (its answer was lost): what the caller must act on is the earlier one."""
+    return HttpTransientError(
+        f"{method} {last.url}: attempt {attempts} of {attempts} failed ({last.code}"
+        + (f", HTTP {last.status}" if last.status is not None else "")
+        + f"), and attempt {reached} may have been applied (its answer was lost), so the "
+        "server may have applied the request; the runtime reconciles by looking the key up",
+        url=last.url, status=last.status, may_have_taken_effect=True,
+        body_excerpt=last.body_excerpt,
+        details={"last_attempt_code": last.code, "applied_attempt": reached})
+

@@ -143,7 +143,9 @@ class Reply:
     def text(self) -> str:
         try:
             return self.content.decode(self.charset or "utf-8", errors="replace")
-        except LookupError:  # an unknown charset
+        except (LookupError, ValueError):
+            # An unknown charset, or a codec that refuses errors="replace" or raises
+            # whatever the bytes (idna, "undefined"): the server's text is read as UTF-8.
             return self.content.decode("utf-8", errors="replace")
 
 
