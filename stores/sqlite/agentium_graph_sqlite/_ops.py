@@ -647,9 +647,13 @@ def read_timeline(conn: sqlite3.Connection, request: TimelineRequest, *,
     row per entry, column ``entry``): what a read-only store does instead of migrating."""
     key = request.key
     after = min(request.after_seq, MAX_SEQ)  # past every entry: an empty page
-    column = "entry" if version == 1 else "entries"
 
     def body(c: sqlite3.Connection) -> list[JournalEntry]:
+        # A version 1 file a writer migrated since this reader opened it has the new
+        # journal (the migration updates meta in the same transaction).
+        row = c.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone() \
+            if version == 1 else None
+        column = "entry" if row is not None and str(row[0]) == "1" else "entries"
         # A row holds one commit's entries and is keyed by its last seq, so ``limit`` rows
         # past ``after_seq`` hold at least ``limit`` entries past it.
         header = c.execute("SELECT header FROM tasks WHERE key = ?", (key,)).fetchone()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import sqlite3
 import stat
 from collections.abc import Iterator
@@ -100,6 +101,7 @@ class _Found:
     application_id: int
     user_version: int
     meta: dict[str, str] | None  # None: no readable meta table of ours
+    others: frozenset[str] = frozenset()  # views and other schema objects (not tables)
 
 
 def _not_ours(path: Path, why: str) -> StoreSchemaError:
@@ -131,10 +133,17 @@ def _path_errors(path: Path) -> Iterator[None]:
             "was changed)", details={"path": str(path), "errno": exc.errno}) from exc
 
 
+def side_file(path: Path, suffix: str) -> Path:
+    """``path``'s ``-wal`` or ``-shm`` file: SQLite keeps them next to the file a symlink
+    leads to, not next to the link."""
+    real = Path(os.path.realpath(path))
+    return real.with_name(real.name + suffix)
+
+
 def _wal_with_commits(path: Path) -> Path | None:
     """The write-ahead log of ``path`` when it holds something (commits that may not be in
     the file yet), else None."""
-    wal = path.with_name(path.name + "-wal")
+    wal = side_file(path, "-wal")
     return wal if wal.is_file() and wal.stat().st_size > 0 else None
 
 
@@ -195,13 +204,14 @@ def open_read_only(settings: Settings) -> tuple[sqlite3.Connection, int]:
             raise _missing(path)
         if path.stat().st_size == 0:
             raise _not_ours(path, "the file is empty")
-        read_only_fs = read_only_filesystem(path)
-        shm = path.with_name(path.name + "-shm")
+        real = Path(os.path.realpath(path))  # where SQLite keeps the -wal and -shm files
+        read_only_fs = read_only_filesystem(real)
+        shm = side_file(path, "-shm")
         # A reader of a WAL database needs its -shm file, which SQLite creates next to it
         # when no connection has: impossible on a read-only mount, or in a directory this
         # user may not write (an operator reading a service's database while it is idle).
         no_shm = read_only_fs or (not shm.exists() and
-                                  not os.access(path.parent, os.W_OK | os.X_OK))
+                                  not os.access(real.parent, os.W_OK | os.X_OK))
         wal = _wal_with_commits(path) if no_shm else None
     query = "?mode=ro"
     if no_shm:
@@ -209,7 +219,7 @@ def open_read_only(settings: Settings) -> tuple[sqlite3.Connection, int]:
         # opened as immutable (read without the -shm), which a later writer's checkpoint
         # would invalidate: fine for a short read (the CLI), not for a long-lived reader.
         where = "it is on a read-only filesystem" if read_only_fs else \
-            f"its directory {str(path.parent)!r} is not writable by this user"
+            f"its directory {str(real.parent)!r} is not writable by this user"
         if wal is not None:
             raise StoreError(
                 f"cannot open SQLite store {str(path)!r}: {where} and its write-ahead log "
@@ -322,8 +332,11 @@ def _inspect(conn: sqlite3.Connection) -> _Found:
 
 
 def _read_found(conn: sqlite3.Connection) -> _Found:
-    tables = frozenset(r[0] for r in conn.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table'"))
+    objects = conn.execute("SELECT type, name FROM sqlite_master").fetchall()
+    tables = frozenset(str(name) for kind, name in objects if kind == "table")
+    # Indexes and triggers belong to a table; a view stands alone (a file of views only
+    # is someone else's database, not an empty one).
+    others = frozenset(str(name) for kind, name in objects if kind == "view")
     application_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
     user_version = int(conn.execute("PRAGMA user_version").fetchone()[0])
     meta: dict[str, str] | None = None
@@ -332,26 +345,47 @@ def _read_found(conn: sqlite3.Connection) -> _Found:
             meta = {str(k): str(v) for k, v in conn.execute("SELECT name, value FROM meta")}
         except sqlite3.OperationalError:
             meta = None  # someone else's table called "meta"
-    return _Found(tables, application_id, user_version, meta)
+    return _Found(tables, application_id, user_version, meta, others)
 
 
 def _verify(found: _Found, path: Path) -> int:
     """The file's schema version (0 when it is empty); raise unless it is ours and one this
     code can open (an older version is migrated by :func:`_prepare`)."""
     details = {"path": str(path)}
-    if not found.tables and found.application_id in (0, APPLICATION_ID) and \
-            found.user_version == 0:
+    if not found.tables and not found.others and \
+            found.application_id in (0, APPLICATION_ID) and found.user_version == 0:
         return 0
     meta = found.meta or {}
-    if found.application_id != APPLICATION_ID or meta.get("application") != APPLICATION:
-        raise StoreSchemaError(
-            f"cannot open SQLite store {str(path)!r}: it is another application's SQLite "
-            f"database (tables: {', '.join(sorted(found.tables)) or 'none'}); point the store "
-            "at a new file (this one was left unchanged)", details=details)
     try:
         version = int(meta.get("schema_version", ""))
     except ValueError:
         version = -1
+    if found.application_id == 0 and found.user_version == 0 and \
+            meta.get("application") == APPLICATION and found.tables >= OUR_TABLES and \
+            1 <= version <= SCHEMA_VERSION:
+        # Every table of ours, but not the file header's marks: what a restore from a text
+        # dump (sqlite3 .dump, iterdump) gives, since a dump does not carry them.
+        marks = f"PRAGMA application_id = {APPLICATION_ID}" + (
+            f"; PRAGMA user_version = {version}" if version >= 2 else "")
+        raise StoreSchemaError(
+            f"cannot open SQLite store {str(path)!r}: it holds agentium-graph-sqlite tables "
+            "(schema version {v}) but its file header lost the application id{uv}, as a "
+            "restore from a text dump (sqlite3 .dump) does; if it is such a restore, set "
+            "them back (sqlite3 {p} '{m}') and open it again (the file was left "
+            "unchanged)".format(v=version, uv=" and schema version" if version >= 2 else "",
+                                p=shlex.quote(str(path)), m=marks),
+            details={**details, "schema_version": version, "fix": marks})
+    objects = sorted(found.tables | found.others)
+    if found.application_id != APPLICATION_ID or meta.get("application") != APPLICATION:
+        raise StoreSchemaError(
+            f"cannot open SQLite store {str(path)!r}: it is another application's SQLite "
+            f"database ({'tables and views' if found.others else 'tables'}: "
+            f"{', '.join(objects) or 'none'}); point the store "
+            "at a new file (this one was left unchanged)", details=details)
+    # The header's user_version too: every schema since 2 sets it with meta, so a file
+    # whose header says newer is newer whatever meta says.
+    if found.user_version > SCHEMA_VERSION and version >= 1:
+        version = found.user_version
     if version > SCHEMA_VERSION:
         raise StoreSchemaError(
             f"cannot open SQLite store {str(path)!r}: it was written with store schema "
