@@ -297,3 +297,25 @@ def test_a_negative_journal_seq_is_damage_not_a_bad_cursor(base: Path, tmp_path:
                                         lambda h: h.update(journal_seq=-1), base))
     code, _, err = invoke(path, "timeline", "done")
     assert code == 4 and "journal holds -1 entries" in err
+
+
+def test_a_status_column_that_differs_from_the_header_is_damage(base: Path,
+                                                                tmp_path: Path) -> None:
+    # Review 19: `list --status` filters on the column, so a column edited apart from the
+    # header listed the task under a status it does not have (and hid it from its own).
+    with sqlite3.connect(base) as conn:
+        [(status,)] = conn.execute("SELECT status FROM tasks WHERE key = 'stale'")
+    other = "completed" if status != "completed" else "failed"
+    path = damaged(base, tmp_path, ("UPDATE tasks SET status = ? WHERE key = 'stale'",
+                                    (other,)))
+    for args in (["list", "--json"], ["list", "--status", other, "--json"]):
+        code, out, err = invoke(path, *args)
+        listing = json.loads(out)
+        assert code == 4, args
+        assert [d["key"] for d in listing["damaged"]] == ["stale"], args
+        assert f"the status column says '{other}' but the header says '{status}'" in \
+            listing["damaged"][0]["reason"]
+        assert "stale" not in [t["key"] for t in listing["tasks"]]
+        assert err.startswith("error: task 'stale' is damaged"), err
+    code, out, _ = invoke(path, "list", "--status", status, "--json")
+    assert "stale" not in [t["key"] for t in json.loads(out)["tasks"]]

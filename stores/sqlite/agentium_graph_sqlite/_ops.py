@@ -618,7 +618,7 @@ def list_tasks(conn: sqlite3.Connection, request: ListTasksRequest) -> list[Task
         where.append("key > ?")
         args.append(request.after)
     clause = f"WHERE {' AND '.join(where)} " if where else ""
-    sql = f"SELECT key, {{}} FROM tasks {clause}ORDER BY key LIMIT ?"
+    sql = f"SELECT key, status, {{}} FROM tasks {clause}ORDER BY key LIMIT ?"
     try:
         rows = conn.execute(sql.format("header"), (*args, request.limit)).fetchall()
     except sqlite3.OperationalError as exc:
@@ -628,7 +628,20 @@ def list_tasks(conn: sqlite3.Connection, request: ListTasksRequest) -> list[Task
         # headers as bytes so its parse names it (and `list` can go on past it).
         rows = conn.execute(sql.format("CAST(header AS BLOB)"),
                             (*args, request.limit)).fetchall()
-    return [parse_header(header, key) for key, header in rows]
+    return [_listed_header(key, status, header) for key, status, header in rows]
+
+
+def _listed_header(key: str, status: object, text: str | bytes) -> TaskHeader:
+    """A listed task's header. Its ``status`` column is what ``list --status`` filters on:
+    one that differs from the header's (edited by hand) would list the task under a status
+    it does not have."""
+    header = parse_header(text, key)
+    if status != header.status:
+        sql = f"SELECT status, header FROM tasks WHERE key = {_q(key)}"
+        raise BadRecord(None, f"the status column of task {key!r}", key, sql,
+                        problem=f"the status column says {str(status)[:40]!r} but the "
+                        f"header says {header.status!r}")
+    return header
 
 
 def get_blobs(conn: sqlite3.Connection, digests: Sequence[str]) -> dict[str, str]:
