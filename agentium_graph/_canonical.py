@@ -229,7 +229,11 @@ def checked_json(value: Any, path: str = "$") -> tuple[str, JSONValue]:
     if text is not None and (text.isascii() or _encodable(text)) and _nesting_ok(text) and (
             len(text) <= MAX_INT_DIGITS or _LONG_DIGITS.search(text) is None):
         parsed = json.loads(text)
-        if parsed == value:
+        try:
+            same = bool(parsed == value)
+        except Exception:  # a subclass's own __eq__ (or __bool__) raised: walk it instead
+            same = False
+        if same:
             return text, parsed
     check_json(value, path)
     text = _encode_checked(value)

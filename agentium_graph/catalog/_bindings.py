@@ -407,12 +407,27 @@ def _nodes_to_run(program: ExecutionGraphProgram) -> None:
                          "must run at least one node (drop the node that uses it instead)")
 
 
+def _with_program_input(binding: GraphBinding | RepeatBinding,
+                        errors: list[SchemaViolation], value: Any) -> list[SchemaViolation]:
+    """``errors`` and those of the nested program's own ``input_schema`` (its ``$input``)."""
+    validator = binding.program.input_validator
+    if validator is None:
+        return errors
+    return sorted([*errors, *_errors(validator, value)], key=_path_key)
+
+
 class GraphBinding(_BindingBase):
-    """A nested program; output is the map of its node ids to their outputs."""
+    """A nested program; output is the map of its node ids to their outputs.
+
+    The args are the program's ``$input``: they must satisfy the binding's
+    ``input_schema`` and the program's own, when it has one."""
 
     program: ExecutionGraphProgram
 
     kind: ClassVar[BindingKind] = "graph"
+
+    def input_errors(self, value: Any) -> list[SchemaViolation]:
+        return _with_program_input(self, super().input_errors(value), value)
 
     @model_validator(mode="after")
     def _not_empty(self) -> GraphBinding:
@@ -424,10 +439,14 @@ class GraphBinding(_BindingBase):
 
 
 class RepeatBinding(_BindingBase):
-    """A bounded loop of a nested program guarded by a pure ``condition`` callable."""
+    """A bounded loop of a nested program guarded by a pure ``condition`` callable; its args
+    are every iteration's ``$input`` (checked as :class:`GraphBinding`'s are)."""
 
     program: ExecutionGraphProgram
     max_iterations: int = Field(ge=1, le=10_000)
+
+    def input_errors(self, value: Any) -> list[SchemaViolation]:
+        return _with_program_input(self, super().input_errors(value), value)
     condition: Callable[..., bool]
 
     kind: ClassVar[BindingKind] = "repeat"

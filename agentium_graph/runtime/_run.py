@@ -579,6 +579,17 @@ class TaskRun:
                 if node.refs or node.literal else json_copy(node.args, trusted=True)
         except LookupError as exc:
             raise NodeInputError(f"node {node.id!r}: {exc}", node_id=node.id) from None
+        if not isinstance(args, dict):
+            # A $ref standing for the whole args resolved to something else: no tool,
+            # connector or agent is handed it (and no action intent is recorded for it).
+            ref = node.args["$ref"] if isinstance(node.args, dict) and "$ref" in node.args \
+                else None
+            where = f"$ref {ref.get('node')!r}" if isinstance(ref, dict) else "its args"
+            raise NodeInputError(
+                f"node {node.id!r}: its args ({where}, standing for the whole args) resolved "
+                f"to {_json_kind(args)}, but a node's args must be an object; point the $ref "
+                "at an object, or name the value: {\"value\": {\"$ref\": ...}}",
+                node_id=node.id, details={"resolved": _json_kind(args)})
         if node.refs:
             errors = node.binding.input_errors(args)
             if errors:
@@ -780,3 +791,17 @@ class TaskRun:
                 item.ticket.future.add_done_callback(lambda _f: self.wake.set())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wake.wait(), timeout)
+
+
+def _json_kind(value: Any) -> str:
+    """The JSON name of ``value``'s type, for messages ("an array", "null")."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
+
