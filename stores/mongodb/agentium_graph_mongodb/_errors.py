@@ -41,6 +41,7 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
     WriteConcernError,
 )
+from pymongo.errors import ConfigurationError as DriverConfigurationError
 
 from agentium_graph.errors import ConfigurationError, StoreError, StoreUnavailableError
 
@@ -166,8 +167,19 @@ def _cause(exc: PyMongoError | BSONError | OverflowError) -> PyMongoError | BSON
     return exc
 
 
+def is_dns_failure(exc: PyMongoError) -> bool:
+    """A mongodb+srv:// host name that did not resolve (or whose lookup timed out): pymongo
+    reports it as a ConfigurationError raised by the first call, not at construction."""
+    if not isinstance(exc, DriverConfigurationError):
+        return False
+    text = str(exc)
+    return "DNS" in text or "_mongodb._tcp" in text or "resolution" in text.lower()
+
+
 def is_transient(exc: PyMongoError) -> bool:
     if isinstance(exc, ConnectionFailure):  # AutoReconnect, NetworkTimeout, NotPrimary, ...
+        return True
+    if is_dns_failure(exc):  # a name server that is down now may answer on the next try
         return True
     if isinstance(exc, ClientBulkWriteException):
         write, concern = _client_bulk_codes(exc)
@@ -236,7 +248,9 @@ def _map(exc: PyMongoError | BSONError | OverflowError, op: str, where: str,
     head = f"MongoDB store ({where}): {op} failed ({name}{f' {code}' if code else ''}: {text})"
     if isinstance(exc, PyMongoError) and is_transient(exc):
         hint = ("no server was reachable in time" if isinstance(
-            exc, ServerSelectionTimeoutError) else "a transient server or network failure")
+            exc, ServerSelectionTimeoutError) else
+            "the mongodb+srv:// host name did not resolve: check it in the URI, and this "
+            "host's DNS" if is_dns_failure(exc) else "a transient server or network failure")
         return TransientStoreError(f"{head}; {hint}", details=details)
     if code in AUTH_CODES or (isinstance(exc, BulkWriteError) and
                               _bulk_codes(exc)[0] & AUTH_CODES) or (
@@ -323,3 +337,42 @@ def closed_error(where: str) -> StoreError:
     return StoreError(f"MongoDB store ({where}) is closed; create a new "
                       "MongoDBDurableTaskStore to use the database again",
                       details={"where": where})
+
+
+def stalled_call(op: str, where: str, deadline_s: float | None, *,
+                 replaced: bool) -> StoreUnavailableError:
+    """A driver call that gave no answer within its whole-call bound. Not retried: the
+    same call on a stuck client would stall again. Like a lost reply, a write may have
+    applied, which the store's writes are built for."""
+    then = ("the store replaced its client, so run the task again: it stays recoverable"
+            if replaced else "close the AsyncMongoClient you passed and create a new one "
+            "(or pass a mongodb:// URI: the store then replaces a stuck client itself), "
+            "then run the task again: it stays recoverable")
+    return StoreUnavailableError(
+        f"MongoDB store ({where}): {op} gave no answer within {deadline_s or 0:.0f}s (the "
+        "server selection, connect and socket timeouts together, twice the socket one, "
+        f"plus 5s): the server stopped answering or the driver is stuck; {then}",
+        details={"op": op, "where": where, "driver_error": "stalled",
+                 "deadline_s": deadline_s, "client_replaced": replaced})
+
+
+def driver_failure(exc: RuntimeError, op: str, where: str) -> TransientStoreError:
+    """A RuntimeError out of the driver (its async pool's locks after a cancel, as
+    pymongo 4.20 raises "cannot wait on un-acquired lock"): transient, and retried."""
+    return TransientStoreError(
+        f"MongoDB store ({where}): {op} failed inside the MongoDB driver (RuntimeError: "
+        f"{bounded(str(exc), 200)}); a transient driver failure",
+        details={"op": op, "where": where, "driver_error": "RuntimeError"})
+
+
+def from_driver(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside pymongo (or the asyncio machinery it waits on),
+    not by this package's own code."""
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        last = tb.tb_frame.f_code.co_filename
+        tb = tb.tb_next
+    return last is not None and any(part in last.replace("\\", "/") for part in (
+        "/pymongo/", "/asyncio/"))
+

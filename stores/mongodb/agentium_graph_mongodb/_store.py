@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import threading
 import time
@@ -64,13 +65,17 @@ from agentium_graph_mongodb._errors import (
     TransientStoreError,
     bounded,
     closed_error,
+    driver_failure,
+    from_driver,
     mapped_errors,
     note_transient_failure,
     retries_exhausted,
+    stalled_call,
     text_errors,
 )
 from agentium_graph_mongodb._ops import Counters, Session
 
+log = logging.getLogger("agentium_graph.mongodb")
 T = TypeVar("T")
 DEFAULT_WRITE_CONCERN = WriteConcern(w="majority", j=True)
 #: The largest blob (an output, plan, input or error text, as UTF-8 bytes) the store
@@ -340,8 +345,7 @@ class MongoDBDurableTaskStore:
                         counters.transient_retries += 1
                     counters.round_trips += 1
                     try:
-                        with mapped_errors(op, self._where):
-                            return await fn()
+                        return await self._attempt(op, fn)
                     except TransientStoreError as exc:
                         last = exc
                         note_transient_failure()
@@ -354,6 +358,55 @@ class MongoDBDurableTaskStore:
             raise retries_exhausted(exc, op, self._where, attempts,
                                     time.monotonic() - started) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
+
+    async def _attempt(self, op: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """One try of a driver call, bounded as a whole. The driver's own timeouts bound
+        each of its steps, but its async pool has been seen (pymongo 4.20, Python 3.11) to
+        deadlock on its own lock after the server died under several concurrent calls:
+        the call then ignores cancellation too. So the call runs in a task of its own and
+        is abandoned (cancelled, not awaited) when its bound passes: a stalled call is a
+        :class:`StoreUnavailableError`, not retried on a client that is stuck, and a
+        client the store made itself is replaced for the calls after it. A RuntimeError
+        out of the driver is a transient failure."""
+        state = self._state()
+        deadline, client = state.deadline_s, state.client
+        try:
+            with mapped_errors(op, self._where):
+                if deadline is None:  # the client waits for replies without limit
+                    return await fn()
+                call: asyncio.Future[T] = asyncio.ensure_future(fn())
+                try:
+                    done, _ = await asyncio.wait((call,), timeout=deadline)
+                except asyncio.CancelledError:
+                    _abandon(call)
+                    raise
+                if done:
+                    return call.result()
+        except RuntimeError as exc:
+            if not from_driver(exc):
+                raise
+            raise driver_failure(exc, op, self._where) from exc
+        _abandon(call)
+        replaced = state.owned and state.client is client and self._replace_client(state)
+        raise stalled_call(op, self._where, deadline, replaced=replaced)
+
+    def _replace_client(self, state: _LoopState) -> bool:
+        """Give this loop a new client (and session) in place of one whose call stalled;
+        the old one is closed in the background, bounded. False if it cannot be made."""
+        if self._uri is None or self._closed or state.closed:
+            return False
+        try:
+            fresh = _client_from_uri(self._uri, *self._client_options)
+        except StoreError:  # pragma: no cover - the URI made the first client
+            return False
+        old, state.client, state.session = state.client, fresh, None
+        state.cache.clear()
+        closing = asyncio.ensure_future(_close_quietly(old))
+        _CLOSING.add(closing)
+        closing.add_done_callback(_CLOSING.discard)
+        log.warning("MongoDB store (%s): a driver call stalled; the store replaced its "
+                       "client", self._where)
+        return True
 
     def _state(self) -> _LoopState:
         """What the store keeps for the running event loop (created on its first use)."""
@@ -384,7 +437,8 @@ class MongoDBDurableTaskStore:
                     assert self._uri is not None
                     spare = _client_from_uri(self._uri, *self._client_options)
                 client, owned = spare, True
-            state = _LoopState(loop, client, owned, DocCache(self._cache_size))
+            state = _LoopState(loop, client, owned, DocCache(self._cache_size),
+                               call_deadline(client))
             self._loops[loop] = state
             return state
 
@@ -564,6 +618,28 @@ class MongoDBDurableTaskStore:
         await self.close()
 
 
+_CLOSING: set[asyncio.Future[None]] = set()  # stuck clients being closed, kept referenced
+
+
+def _abandon(call: asyncio.Future[Any]) -> None:
+    """Cancel a driver call without waiting for it (a stuck one never finishes); its
+    outcome is fetched when it ends, so asyncio logs no 'exception never retrieved'."""
+    call.cancel()
+    call.add_done_callback(_outcome_seen)
+
+
+def _outcome_seen(call: asyncio.Future[Any]) -> None:
+    if not call.cancelled():
+        call.exception()
+
+
+async def _close_quietly(client: AsyncMongoClient[dict[str, Any]]) -> None:
+    """Close a client whose pool may be stuck, giving up after a few seconds."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(5.0):
+            await client.close()
+
+
 def _redeliver_cancel(task: asyncio.Task[Any] | None, cancels: int) -> None:
     """Raise CancelledError if the task was cancelled during a driver call that ended
     without raising it: pymongo's async network layer can swallow a cancellation that
@@ -585,6 +661,7 @@ class _LoopState:
     client: AsyncMongoClient[dict[str, Any]]
     owned: bool
     cache: DocCache
+    deadline_s: float | None  # a whole driver call's bound (None: the client sets none)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     session: Session | None = None
     guard: AsyncGenerator[None, None] | None = None
@@ -741,3 +818,21 @@ def _redact(uri: str) -> str:
 if TYPE_CHECKING:
     # The store fits the protocol: checked by mypy --strict, no runtime_checkable needed.
     _fits: DurableTaskStore = MongoDBDurableTaskStore("mongodb://localhost")
+
+
+def call_deadline(client: AsyncMongoClient[dict[str, Any]]) -> float | None:
+    """How long one driver call may take before it counts as stuck: finding a server,
+    opening a connection and two replies (a cursor's first batch and one more), plus five
+    seconds. None when the client waits for a reply without limit (socketTimeoutMS=0)."""
+    try:
+        options = client.options
+        select = float(options.server_selection_timeout)
+        pool = options.pool_options
+        connect = pool.connect_timeout
+        reply = pool.socket_timeout
+    except (AttributeError, TypeError, ValueError):  # a client unlike pymongo's own
+        return None
+    if reply is None or connect is None:
+        return None
+    return select + float(connect) + 2 * float(reply) + 5.0
+
