@@ -29,7 +29,12 @@ from tenacity import (
 )
 
 from agentium_graph._otel import traced_store
-from agentium_graph.errors import ConfigurationError, StoreError, check_flags
+from agentium_graph.errors import (
+    ConfigurationError,
+    StoreError,
+    StoreSchemaError,
+    check_flags,
+)
 from agentium_graph.store import (
     AcquireLeaseRequest,
     CancelTaskRequest,
@@ -51,6 +56,7 @@ from agentium_graph.store import (
     TimelineRequest,
 )
 from agentium_graph_mongodb._codec import (
+    BLOBS,
     JOURNAL,
     META,
     META_ID,
@@ -518,6 +524,8 @@ class MongoDBDurableTaskStore:
         if not self._create:
             await self._check(db)
         else:
+            await self._refuse_foreign(db)
+
             async def stamp() -> dict[str, Any] | None:
                 try:
                     found = await meta.find_one_and_update(
@@ -538,6 +546,35 @@ class MongoDBDurableTaskStore:
             [("header.status", 1), ("_id", 1)], name="by_status"), write=True)
         await self._io("open (create indexes)", lambda: db[JOURNAL].create_index(
             [("k", 1), ("s", 1)], unique=True, name="by_task_seq"), write=True)
+
+    async def _refuse_foreign(self, db: AsyncDatabase[dict[str, Any]]) -> None:
+        """Before stamping a database that has no meta document: refuse one whose
+        collections of the store's names already hold documents (another application's,
+        or a store whose meta document was deleted), instead of writing into them."""
+        ours = {"_id": META_ID}
+
+        async def occupied() -> str | None:
+            if await db[META].find_one(ours, {"_id": 1}) is not None:
+                return None
+            for name in (TASKS, JOURNAL, BLOBS, META):
+                if await db[name].find_one({}, {"_id": 1}) is not None:
+                    # Another store may have stamped the database since (it stamps
+                    # before it writes anything else): then the documents are its own.
+                    stamped = await db[META].find_one(ours, {"_id": 1})
+                    return None if stamped is not None else name
+            return None
+
+        held = await self._io("open (check database)", occupied)
+        if held is not None:
+            raise StoreSchemaError(
+                f"MongoDB store ({self._where}): the database {self._database_name!r} has "
+                f"no agentium-graph-mongodb meta document, but its {held!r} collection "
+                "already holds documents: it belongs to another application, or it is a "
+                "store whose meta document was deleted. Point the store at a database of "
+                "its own (database=..., the CLI's --database or the URI's path); nothing "
+                "was written", details={"where": self._where, "database":
+                                        self._database_name, "collection": held,
+                                        "reason": "foreign_database"})
 
     async def _call(self, op: str, write: bool, fn: Callable[[Session], Awaitable[T]]) -> T:
         """One protocol operation on the running loop's session."""

@@ -20,7 +20,7 @@ from pymongo import AsyncMongoClient
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import ConfigurationError as DriverConfigurationError
 
-from agentium_graph.errors import StoreUnavailableError
+from agentium_graph.errors import StoreSchemaError, StoreUnavailableError
 from agentium_graph_mongodb import MongoDBDurableTaskStore, _store
 from agentium_graph_mongodb._errors import TransientStoreError, is_transient, map_mongo_error
 from agentium_graph_mongodb.testing import open_store
@@ -218,3 +218,36 @@ def test_other_driver_configuration_errors_stay_permanent() -> None:
     error = DriverConfigurationError("Unknown option fooBar")
     assert not is_transient(error)
     assert not isinstance(map_mongo_error(error, "get_header", "x"), TransientStoreError)
+
+
+# --- a database that holds someone else's collections ---------------------------------------
+
+@pytest.mark.parametrize("collection", ["tasks", "journal", "blobs", "meta"])
+async def test_a_database_with_foreign_documents_is_not_stamped(
+        mongodb_uri: str, mongodb_database: str, raw_db: Any, collection: str) -> None:
+    await raw_db[collection].insert_one({"_id": "someone-else", "order": 7})
+    async with open_store(mongodb_uri, mongodb_database) as store:
+        with pytest.raises(StoreSchemaError) as info:
+            await store.create_task(create_request("k"))
+    assert info.value.details["collection"] == collection
+    assert info.value.details["reason"] == "foreign_database"
+    assert "database of its own" in str(info.value)
+    # Nothing was written: no meta document, no index, the foreign document untouched.
+    assert await raw_db.meta.find_one({"_id": "agentium-graph-mongodb"}) is None
+    assert sorted(await raw_db.list_collection_names()) == [collection]
+    assert [info["name"] for info in await (await raw_db[collection].list_indexes())
+            .to_list()] == ["_id_"]
+    assert await raw_db[collection].find_one({"_id": "someone-else"}) == {
+        "_id": "someone-else", "order": 7}
+
+
+async def test_stores_stamping_a_new_database_together_are_not_refused(
+        mongodb_uri: str, mongodb_database: str) -> None:
+    stores = [open_store(mongodb_uri, mongodb_database) for _ in range(6)]
+    try:
+        results = await asyncio.gather(*[s.create_task(create_request(f"k{i}"))
+                                         for i, s in enumerate(stores)])
+        assert all(result.created for result in results)
+    finally:
+        for opened in stores:
+            await opened.close()
