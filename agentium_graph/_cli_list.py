@@ -122,7 +122,14 @@ def run_list(ctx: click.Context, *, status: str | None, limit: int, after: str |
     """The ``list`` command: the page as a table (with a ``more:`` hint) or as ``--json``;
     a page with damaged tasks ends with one ``error:`` line and exit 4."""
     # Imported here, as _cli_resolve does: cli imports this module as it loads.
-    from agentium_graph.cli import EXIT_STORE, _emit_json, _hint, _shown, run_with_store
+    from agentium_graph.cli import (
+        EXIT_STORE,
+        _emit_json,
+        _error_line,
+        _hint,
+        _shown,
+        run_with_store,
+    )
 
     async def fetch(store: DurableTaskStore) -> TaskList:
         # One extra row tells whether another page exists; a full page of the store's
@@ -145,7 +152,7 @@ def run_list(ctx: click.Context, *, status: str | None, limit: int, after: str |
         _list_output(ctx, config, result, status, limit)
     if result.damaged:
         message = damaged_message(result.damaged, lambda key: _hint(config, ["inspect", key]))
-        click.echo(f"error: {_shown(message)}", err=True)
+        _error_line(f"error: {_shown(message)}")
         ctx.exit(EXIT_STORE)
 
 

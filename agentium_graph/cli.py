@@ -39,7 +39,8 @@ from typing import Any, TypeVar, get_args
 import click
 from pydantic import BaseModel, ConfigDict
 from rich import box
-from rich.console import Console
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 from rich.text import Text
 
@@ -187,23 +188,37 @@ _HELP_ERRORS: tuple[type[click.UsageError], ...] = tuple(
     if hasattr(click.exceptions, name))
 
 
+def _error_line(line: str, file: Any = None) -> None:
+    """Write one ``error:`` line to stderr (or ``file``). A stream that cannot take it (stderr
+    closed with ``2>&-``, a full disk) loses the line, never the exit code: the write error
+    is dropped and the stream pointed at the null device, so Python's flush at exit does not
+    fail again (which would make the exit code 120)."""
+    try:
+        click.echo(line, file=file, err=True)
+    except (OSError, ValueError):  # ValueError: the stream object itself was closed
+        _discard(sys.stderr if file is None else file)
+
+
 class _UsageLine(click.UsageError):
     """A usage error shown as the CLI shows every error: one ``error:`` line (exit 2)."""
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"error: {_safe(' '.join(self.message.split()))}", file=file, err=True)
+        _error_line(f"error: {_safe(' '.join(self.message.split()))}", file=file)
 
 
-def _usage_line(exc: click.UsageError) -> click.UsageError:
+def _usage_line(exc: click.UsageError, path: str | None = None) -> click.UsageError:
     """click's usage error as one line: its message and where help is, not the usage block
-    (a bare ``agentium-graph``, which prints the help, is left as it is)."""
+    (a bare ``agentium-graph``, which prints the help, is left as it is). ``path``: the
+    command path to name when click gives the error no context (an option missing its
+    value, ``list --limit``, is reported by click's parser before there is one)."""
     if isinstance(exc, (_UsageLine, *_HELP_ERRORS)):
         return exc
     message = exc.format_message().rstrip(".")
     if message[1:2].islower():  # "Invalid value ..." like the CLI's own messages
         message = message[0].lower() + message[1:]
-    if exc.ctx is not None:
-        message += f"; see '{exc.ctx.command_path} --help'"
+    path = exc.ctx.command_path if exc.ctx is not None else path
+    if path:
+        message += f"; see '{path} --help'"
     return _UsageLine(message, ctx=exc.ctx)
 
 
@@ -216,7 +231,9 @@ class _Group(click.Group):
         try:
             return super().make_context(info_name, args, parent=parent, **extra)
         except click.UsageError as exc:
-            raise _usage_line(exc) from None
+            path = " ".join(filter(None, [parent.command_path if parent else None,
+                                          info_name or self.name]))
+            raise _usage_line(exc, path) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -225,28 +242,33 @@ class _Group(click.Group):
                 sys.stdout.flush()
             return result
         except click.UsageError as exc:
-            raise _usage_line(exc) from None
+            # Set before the subcommand's arguments are parsed: names it when the parser's
+            # error has no context.
+            sub = ctx.invoked_subcommand
+            raise _usage_line(exc, f"{ctx.command_path} {sub}" if sub else None) from None
         except AgentiumGraphError as exc:
-            click.echo(f"error: {_one_line(exc)}", err=True)
+            _error_line(f"error: {_one_line(exc)}")
             ctx.exit(exit_code_for(exc))
         except OSError as exc:
             # Writing the output failed (a full disk): one line, like every error. A closed
             # pipe (`| head`) click ends quietly; an error naming a file is not the output's.
             if exc.errno == errno.EPIPE or exc.filename is not None:
                 raise
-            _discard_stdout()
-            click.echo(f"error: cannot write the output ({exc.strerror or exc}); what was "
-                       "printed is incomplete", err=True)
+            _discard(sys.stdout)
+            _error_line(f"error: cannot write the output ({exc.strerror or exc}); what was "
+                       "printed is incomplete")
             ctx.exit(EXIT_ERROR)
 
 
-def _discard_stdout() -> None:
-    """Point stdout at the null device: what is still buffered for it cannot be written
-    either, and Python's flush at exit would report that again."""
+def _discard(stream: Any) -> None:
+    """Point ``stream``'s file descriptor at the null device: what is still buffered for it
+    cannot be written either, and Python's flush at exit would report that again."""
     with contextlib.suppress(OSError, ValueError, AttributeError):
+        fd = stream.fileno()
         null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
-        os.close(null)
+        if null != fd:  # a closed fd is the lowest free one: os.open may have reused it
+            os.dup2(null, fd)
+            os.close(null)
 
 
 # --- store plumbing -----------------------------------------------------------------------
@@ -453,7 +475,7 @@ def _render_view(console: Console, view: TaskView) -> None:
     summary = Table(title=_t(f"task {view.key}"), title_justify="left", show_header=False,
                     box=None, padding=(0, 2, 0, 0))
     summary.add_column("field", style="bold", no_wrap=True)
-    summary.add_column("value")
+    summary.add_column("value", overflow="fold")
     program = view.program
     rows: list[tuple[str, Text]] = [
         ("status", _status(view.status)),
@@ -501,7 +523,7 @@ def _planner(planner: PlannerView) -> Text:
     return text
 
 
-def _counters_table(counters: dict[str, int], limits: dict[str, int | None]) -> Table:
+def _counters_table(counters: dict[str, int], limits: dict[str, int | None]) -> _Grid:
     names = [c for c in COUNTERS if c in counters or c in limits]
     names += sorted((set(counters) | set(limits)) - set(names))
     rows: list[list[Text | str]] = []
@@ -529,22 +551,23 @@ def _plan_order(nodes: dict[str, NodeView]) -> list[NodeView]:
     return ordered
 
 
-def _nodes_table(nodes: Iterable[NodeView]) -> Table:
+def _nodes_table(nodes: Iterable[NodeView]) -> _Grid:
     return _table(
         "nodes",
-        [("node", "id"), ("state", "fixed"), ("binding", "id"), ("attempts", "id"),
-         ("output", "fixed"), ("error", "text")],
+        [("node", "id"), ("state", "fixed"), ("binding", "id"), ("attempts", "text"),
+         ("output", "id"), ("error", "text")],
         [[_t(node.node_id), _state(node.state), _t(f"{node.binding}@{node.version}"),
           _attempts(node.attempts), _t(_short(node.output_digest)), _error(node.error)]
          for node in nodes])
 
 
-def _actions_table(view: TaskView) -> Table:
+def _actions_table(view: TaskView) -> _Grid:
     return _table(
         "actions",
-        [("action", "fixed"), ("node", "id"), ("state", "fixed"), ("fence", "num"),
+        [("action", "id"), ("node", "id"), ("state", "fixed"), ("fence", "num"),
          ("outcome", "text")],
-        [[_t(_short(a.action_id)), _t(a.node_id), _state(a.state), str(a.fence),
+        # The whole action id: it is what `resolve KEY ACTION_ID` takes.
+        [[_t(a.action_id), _t(a.node_id), _state(a.state), str(a.fence),
           _t(a.outcome_source or _short(a.outcome_digest))] for a in view.actions])
 
 
@@ -683,24 +706,72 @@ def _status(status: str) -> Text:
 _state = _status
 
 
-def _table(title: str, columns: list[tuple[str, str]], rows: list[list[Text | str]]) -> Table:
-    """A table whose columns are ``fixed`` (never wrap), ``num``, ``id`` or ``text``.
-
-    On a narrow terminal rich folds ``text`` columns first; ``id`` columns (keys, node ids)
-    keep up to 16 characters on a line. A ``str`` cell is shown as text (never markup),
-    through :func:`_safe` like the title; a ``Text`` cell is built with :func:`_t`.
-    """
+def _table(title: str, columns: list[tuple[str, str]], rows: list[list[Text | str]]) -> _Grid:
+    """A table whose columns are ``fixed`` (never wrap), ``num``, ``id`` or ``text``: see
+    :class:`_Grid`. A ``str`` cell is shown as text (never markup), through :func:`_safe`
+    like the title; a ``Text`` cell is built with :func:`_t`."""
     cells = [[_t(cell) if isinstance(cell, str) else cell for cell in row] for row in rows]
-    table = Table(title=_t(title), title_justify="left", box=box.SIMPLE_HEAD)
-    for index, (name, kind) in enumerate(columns):
-        widest = max([len(name), *(len(row[index].plain) for row in cells)])
-        table.add_column(name, justify="right" if kind == "num" else "left",
-                         no_wrap=kind in ("fixed", "num"),
-                         overflow="fold" if kind == "text" else "ellipsis",
-                         min_width=min(widest, 16) if kind == "id" else None)
-    for row in cells:
-        table.add_row(*row)
-    return table
+    return _Grid(_t(title), columns, cells)
+
+
+# The fewest characters a line of an ``id`` or a ``text`` cell may keep in a table; a
+# terminal too narrow for that shows the rows as records instead (:class:`_Grid`).
+_ID_FOLD = 12
+_TEXT_FOLD = 10
+
+
+def _cell_width(text: Text) -> int:
+    return max(cell_len(line) for line in text.plain.split("\n"))
+
+
+class _Grid:
+    """A table that loses no character at the width it is shown with (rich calls
+    :meth:`__rich_console__` with the console's width, ``COLUMNS`` when piped).
+
+    ``fixed`` and ``num`` columns never wrap; ``id`` columns (keys, node and action ids,
+    digests) and ``text`` columns fold onto more lines, never cut with an ellipsis. When
+    even folding them at :data:`_ID_FOLD` / :data:`_TEXT_FOLD` characters does not fit (rich
+    would then shorten every column and drop the narrowest), each row is shown as a record:
+    one ``column  value`` line per column, the values folding at the terminal's width."""
+
+    def __init__(self, title: Text, columns: list[tuple[str, str]],
+                 rows: list[list[Text]]) -> None:
+        self.title = title
+        self.columns = columns
+        self.rows = rows
+
+    def _fits(self, width: int) -> bool:
+        least = 3 * len(self.columns) + 1  # a padded edge on each side, 3 between columns
+        for index, (name, kind) in enumerate(self.columns):
+            widest = max([cell_len(name), *(_cell_width(row[index]) for row in self.rows)])
+            fold = {"id": _ID_FOLD, "text": _TEXT_FOLD}.get(kind)
+            least += widest if fold is None else max(min(widest, fold), cell_len(name))
+        return least <= width
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self._table() if self._fits(options.max_width) else self._records()
+
+    def _table(self) -> Table:
+        table = Table(title=self.title, title_justify="left", box=box.SIMPLE_HEAD)
+        for name, kind in self.columns:
+            fixed = kind in ("fixed", "num")
+            table.add_column(name, justify="right" if kind == "num" else "left",
+                             no_wrap=fixed, overflow="ellipsis" if fixed else "fold")
+        for row in self.rows:
+            table.add_row(*row)
+        return table
+
+    def _records(self) -> Table:
+        table = Table(title=self.title, title_justify="left", show_header=False, box=None,
+                      padding=(0, 2, 0, 0))
+        table.add_column("column", style="bold", no_wrap=True)
+        table.add_column("value", overflow="fold")
+        for number, row in enumerate(self.rows):
+            if number:
+                table.add_row("", "")
+            for (name, _), cell in zip(self.columns, row, strict=True):
+                table.add_row(name, cell)
+        return table
 
 
 def _compact(data: dict[str, Any]) -> str:

@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rich.console import Console
 from rich.markup import escape
@@ -25,6 +25,7 @@ from agentium_graph import DurableTaskStore, ExecutionGraphRuntime, TaskView
 from agentium_graph._store_uri import open_store_uri, redact
 from agentium_graph.demo.pipeline import build_catalog, build_program, read_call_log
 from agentium_graph.errors import AgentiumGraphError, ConfigurationError
+from agentium_graph.store._requests import CreateTaskRequest, CreateTaskResult
 
 KEY = "order-review:ord-1042"
 WORKER = "demo-worker"
@@ -32,9 +33,20 @@ WORKER = "demo-worker"
 
 class DemoFailedError(AgentiumGraphError):
     """The demo's own run went wrong (a worker exited early, made no progress or failed to
-    recover): reported by the CLI as one ``error:`` line with the worker's stderr."""
+    recover, or no temporary directory could be made): reported by the CLI as one
+    ``error:`` line. A worker's failure is named by the last line of its stderr (the
+    exception); the whole stderr is in ``details["stderr"]``."""
 
     code = "demo_failed"
+
+
+def _worker_failed(what: str, stderr: str) -> DemoFailedError:
+    """``what`` and the last meaningful line of a worker's ``stderr``: a traceback ends with
+    its exception's line, and the ``error:`` line of the CLI holds one line, not a
+    traceback."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    last = lines[-1] if lines else "it wrote nothing to stderr"
+    return DemoFailedError(f"{what}: {last}", details={"stderr": stderr})
 
 
 def open_demo_store(uri: str) -> DurableTaskStore:
@@ -81,14 +93,33 @@ def _spawn(uri: str, delay: float, call_log: Path, workdir: Path, name: str,
     cmd = [sys.executable, "-m", "agentium_graph.demo", "--store", uri, "--key", KEY,
            "--worker", WORKER, "--delay", str(delay), "--call-log", str(call_log),
            "--exit-with-parent"]
+    # The demo reads what a worker writes as UTF-8, whatever the user's PYTHONIOENCODING
+    # (utf-16 would turn its JSON result into bytes json cannot read).
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8", "PYTHONUTF8": "1"}
     with open(workdir / f"{name}.out", "wb") as out, open(workdir / f"{name}.err", "wb") as err:
-        process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=err)
+        process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=err,
+                                   env=env)
     workers.append(process)
     return process
 
 
 def _output(workdir: Path, name: str, stream: str) -> str:
     return (workdir / f"{name}.{stream}").read_text(encoding="utf-8", errors="replace")
+
+
+def _result(stdout: str) -> dict[str, Any]:
+    """The recovery worker's result: the JSON object its last line of output holds."""
+    lines = stdout.strip().splitlines()
+    try:
+        result = json.loads(lines[-1]) if lines else None
+    except ValueError:  # JSONDecodeError, or a number too long to convert
+        result = None
+    if not isinstance(result, dict) or not isinstance(result.get("output"), dict):
+        shown = " ".join(lines[-1].split())[:200] if lines else "nothing"
+        raise DemoFailedError(
+            f"the recovery worker's output is not its JSON result (it wrote {shown!r}); run "
+            "the demo again, and report this if it persists", details={"stdout": stdout})
+    return result
 
 
 def stop_workers(workers: list[subprocess.Popen[bytes]]) -> None:
@@ -137,8 +168,7 @@ async def run_demo(uri: str | None, kill_after: int, delay: float, console: Cons
     for signum in previous:
         loop.add_signal_handler(signum, on_signal, signum)
     try:
-        with tempfile.TemporaryDirectory(prefix="agentium-demo-",
-                                         ignore_cleanup_errors=True) as tmp:
+        with _temporary_directory() as tmp:
             try:
                 return await _walkthrough(uri, kill_after, delay, console, Path(tmp), workers)
             finally:
@@ -154,6 +184,25 @@ async def run_demo(uri: str | None, kill_after: int, delay: float, console: Cons
             signal.signal(signum, handler)
 
 
+def _temporary_directory() -> tempfile.TemporaryDirectory[str]:
+    """The demo's work directory (worker output, the call log, the default database), or a
+    DemoFailedError naming the temporary directory that cannot hold it: the OSError would
+    otherwise read as a failure to write the output, or end in a traceback."""
+    try:
+        return tempfile.TemporaryDirectory(prefix="agentium-demo-", ignore_cleanup_errors=True)
+    except OSError as exc:
+        # mkdtemp names the directory it tried to make; gettempdir, when no candidate is
+        # usable, names none (its message lists them).
+        where = (os.path.dirname(exc.filename) if isinstance(exc.filename, str)
+                 else os.environ.get("TMPDIR") or tempfile.tempdir)
+        named = f" {where!r}" if where else ""
+        raise DemoFailedError(
+            f"the temporary directory{named} is not usable ({exc.strerror or exc}); the demo "
+            "keeps its worker processes' output there, and its database unless --store names "
+            "one: set TMPDIR to a directory you can write", details={"directory": where}
+        ) from None
+
+
 async def _walkthrough(uri: str | None, kill_after: int, delay: float, console: Console,
                        workdir: Path, workers: list[subprocess.Popen[bytes]]) -> int:
     temporary = uri is None
@@ -162,17 +211,16 @@ async def _walkthrough(uri: str | None, kill_after: int, delay: float, console: 
     store = open_demo_store(uri)
     try:
         if await store.get_header(KEY) is not None:
-            # A second demo would find its task already run (or half run): it could show
-            # neither the crash nor the recovery, only a false "re-ran" report.
-            raise ConfigurationError(
-                f"the demo's task {KEY!r} already exists in {redact(uri)}; run the demo "
-                "with a new --store file, or omit --store to use a fresh temporary one "
-                f"(inspect the earlier run with: agentium-graph --store "
-                f"{shlex.quote(redact(uri))} inspect {shlex.quote(KEY)})",
-                details={"key": KEY})
-        runtime = ExecutionGraphRuntime(catalog=build_catalog(), store=store,
+            raise _exists(uri)
+        witness = _CreateWitness(store)
+        runtime = ExecutionGraphRuntime(catalog=build_catalog(),
+                                        store=cast(DurableTaskStore, witness),
                                         require_durable=True)
         await runtime.create(KEY, build_program())
+        if not witness.created:
+            # Another demo created it since the check above (create is idempotent and
+            # returns the stored task): only the demo that created the task runs it.
+            raise _exists(uri)
         console.print(f"[bold]agentium-graph demo[/]  store: {escape(redact(uri))}"
                       + (" (temporary: removed when the demo ends)" if temporary else ""))
         console.print(f"task {KEY!r}: 7 pure tools, one fan-out of 4 and a join\n")
@@ -182,7 +230,8 @@ async def _walkthrough(uri: str | None, kill_after: int, delay: float, console: 
         started = time.monotonic()
         while await _completed(store) < kill_after:
             if first.poll() is not None:
-                raise DemoFailedError(f"worker exited early: {_output(workdir, 'first', 'err')}")
+                raise _worker_failed(f"worker exited early (process {first.pid}, exit code "
+                                     f"{first.returncode})", _output(workdir, "first", "err"))
             if time.monotonic() - started > 60:
                 raise DemoFailedError("worker made no progress in 60 s")
             await asyncio.sleep(0.02)
@@ -206,9 +255,9 @@ async def _walkthrough(uri: str | None, kill_after: int, delay: float, console: 
             raise DemoFailedError("recovery worker did not finish in 120 s") from None
         elapsed = time.monotonic() - t0
         if second.returncode != 0:
-            raise DemoFailedError(
-                f"recovery worker failed: {_output(workdir, 'second', 'err').strip()}")
-        result = json.loads(_output(workdir, "second", "out").strip().splitlines()[-1])
+            raise _worker_failed(f"recovery worker failed (process {second.pid}, exit code "
+                                 f"{second.returncode})", _output(workdir, "second", "err"))
+        result = _result(_output(workdir, "second", "out"))
         final = await runtime.inspect(KEY)
         console.print(f"   recovered in {elapsed:.2f} s (process start included)\n")
         _report(console, crashed, final, read_call_log(call_log))
@@ -227,6 +276,35 @@ async def _walkthrough(uri: str | None, kill_after: int, delay: float, console: 
         return 0 if ok else 1
     finally:
         await store.close()
+
+
+def _exists(uri: str) -> ConfigurationError:
+    # A second demo would find its task already run (or half run): it could show neither
+    # the crash nor the recovery, only a false "re-ran" report.
+    return ConfigurationError(
+        f"the demo's task {KEY!r} already exists in {redact(uri)} (an earlier demo, or one "
+        "running now, created it); run the demo with a new --store file, or omit --store to "
+        "use a fresh temporary one (inspect that run with: agentium-graph --store "
+        f"{shlex.quote(redact(uri))} inspect {shlex.quote(KEY)})",
+        details={"key": KEY})
+
+
+class _CreateWitness:
+    """The demo's store as ``runtime.create`` sees it, noting whether the store's atomic
+    ``create_task`` created the task or found it there (``create`` itself is idempotent
+    and returns the stored task either way). Every other call goes to the store."""
+
+    def __init__(self, store: DurableTaskStore) -> None:
+        self._store = store
+        self.created = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def create_task(self, request: CreateTaskRequest) -> CreateTaskResult:
+        result = await self._store.create_task(request)
+        self.created = result.created
+        return result
 
 
 def _report(console: Console, crashed: TaskView, final: TaskView,
