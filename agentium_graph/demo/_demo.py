@@ -325,7 +325,8 @@ def _report(console: Console, crashed: TaskView, final: TaskView,
         attempts = " ".join(f"{a.fence}:{a.outcome}" for a in node.attempts)
         table.add_row(node_id, before.state, node.state, attempts, str(runs), how)
     console.print(table)
-    counters = Table(title="root counters (charged before dispatch, never refunded)")
+    title = "root counters (charged before dispatch, never refunded)"
+    counters = Table(title=title, min_width=len(title))  # a title wider than the table wraps
     for col in ("counter", "at crash", "final", "limit"):
         counters.add_column(col, no_wrap=True)
     for name in ("expanded_nodes", "work_attempts", "tool_calls", "plan_revisions"):
