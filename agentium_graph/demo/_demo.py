@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -25,6 +25,7 @@ from agentium_graph import DurableTaskStore, ExecutionGraphRuntime, TaskView
 from agentium_graph._store_uri import open_store_uri, redact
 from agentium_graph.demo.pipeline import build_catalog, build_program, read_call_log
 from agentium_graph.errors import AgentiumGraphError, ConfigurationError
+from agentium_graph.store._forwarding import ForwardingStore
 from agentium_graph.store._requests import CreateTaskRequest, CreateTaskResult
 
 KEY = "order-review:ord-1042"
@@ -214,7 +215,7 @@ async def _walkthrough(uri: str | None, kill_after: int, delay: float, console: 
             raise _exists(uri)
         witness = _CreateWitness(store)
         runtime = ExecutionGraphRuntime(catalog=build_catalog(),
-                                        store=cast(DurableTaskStore, witness),
+                                        store=witness,
                                         require_durable=True)
         await runtime.create(KEY, build_program())
         if not witness.created:
@@ -289,20 +290,17 @@ def _exists(uri: str) -> ConfigurationError:
         details={"key": KEY})
 
 
-class _CreateWitness:
+class _CreateWitness(ForwardingStore):
     """The demo's store as ``runtime.create`` sees it, noting whether the store's atomic
     ``create_task`` created the task or found it there (``create`` itself is idempotent
     and returns the stored task either way). Every other call goes to the store."""
 
     def __init__(self, store: DurableTaskStore) -> None:
-        self._store = store
+        super().__init__(store)
         self.created = False
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
     async def create_task(self, request: CreateTaskRequest) -> CreateTaskResult:
-        result = await self._store.create_task(request)
+        result = await super().create_task(request)
         self.created = result.created
         return result
 

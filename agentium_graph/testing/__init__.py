@@ -42,6 +42,7 @@ model provider (scripted turns, tool calls, usage, delays, failures, partial str
 """
 
 from agentium_graph.providers import PartialStream, ScriptedProvider, ScriptedTurn, TurnMatch
+from agentium_graph.store._forwarding import ForwardingStore
 from agentium_graph.testing._base import require_durable, require_multi_process
 from agentium_graph.testing._fixtures import (
     T0,
@@ -56,7 +57,6 @@ from agentium_graph.testing._fixtures import (
     node_record,
     read_timeline,
 )
-from agentium_graph.testing._forwarding import ForwardingStore
 from agentium_graph.testing._harness import (
     FactoryHarness,
     StoreHarness,

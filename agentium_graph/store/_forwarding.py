@@ -1,4 +1,6 @@
-"""A store that hands every protocol call to another one: the base of fault injection."""
+"""A store that hands every protocol call to another one: the base of fault injection
+(public as :class:`agentium_graph.testing.ForwardingStore`, which imports pytest; kept here
+so that library code, the demo's create witness, can build on it without pytest)."""
 
 from __future__ import annotations
 
