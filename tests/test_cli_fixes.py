@@ -21,6 +21,7 @@ from agentium_graph.demo._demo import KEY as DEMO_KEY
 from agentium_graph.demo.pipeline import build_catalog, build_program
 from agentium_graph.errors import ConfigurationError
 from agentium_graph.runtime._args import encode_cursor
+from tests._cli_helpers import one_line_error
 from tests.conftest import Calls, chain_plan, make_catalog, program
 
 sqlite = pytest.importorskip("agentium_graph_sqlite")
@@ -46,16 +47,6 @@ def db(tmp_path: Path) -> Path:
 def invoke(store: Path | str, *args: str) -> Result:
     uri = store if isinstance(store, str) else f"sqlite:///{store}"
     return CliRunner().invoke(cli, ["--store", uri, *args], env={"COLUMNS": "200"})
-
-
-def one_line_error(result: Result, code: int, *fragments: str) -> str:
-    assert result.exit_code == code, (result.exit_code, result.output)
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.output
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 def _sha(path: Path) -> str:

@@ -24,6 +24,7 @@ from agentium_graph import ExecutionGraphRuntime, ToolBinding
 from agentium_graph.cli import EXIT_USAGE, CliConfig, _hint, cli
 from agentium_graph.demo._demo import KEY as DEMO_KEY
 from agentium_graph.demo.pipeline import build_catalog, build_program
+from tests._cli_helpers import one_line_error, worker_running
 from tests.conftest import Calls, chain_plan, make_catalog, program
 
 sqlite = pytest.importorskip("agentium_graph_sqlite")
@@ -40,16 +41,6 @@ LETTERS = "café-ünïcødé-☕"
 def invoke(store: Path, *args: str) -> Result:
     return CliRunner().invoke(cli, ["--store", f"sqlite:///{store}", *args],
                               env={"COLUMNS": "250"})
-
-
-def one_line_error(result: Result, code: int, *fragments: str) -> str:
-    assert result.exit_code == code, (result.exit_code, result.output)
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.output and "Usage:" not in result.output
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 # --- 1. stored text cannot drive the terminal -----------------------------------------------
@@ -323,16 +314,7 @@ def test_a_demo_whose_worker_fails_is_one_error_line_with_the_workers_stderr(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from agentium_graph.demo import _demo
 
-    def failing(uri: str, delay: float, call_log: Path, workdir: Path, name: str,
-                workers: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
-        with open(workdir / f"{name}.out", "wb") as out, \
-                open(workdir / f"{name}.err", "wb") as err:
-            process = subprocess.Popen(
-                [sys.executable, "-c", "import sys; sys.stderr.write('worker boom'); "
-                                       "sys.exit(3)"], stdout=out, stderr=err)
-        workers.append(process)
-        return process
-
-    monkeypatch.setattr(_demo, "_spawn", failing)
+    monkeypatch.setattr(_demo, "_spawn", worker_running(
+        "import sys; sys.stderr.write('worker boom'); sys.exit(3)"))
     result = CliRunner().invoke(cli, ["demo", "--store", f"sqlite:///{tmp_path / 'd.db'}"])
     one_line_error(result, 1, "worker exited early", "worker boom")

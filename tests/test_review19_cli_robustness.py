@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
 from rich.console import Console
 from rich.text import Text
 
@@ -30,21 +30,12 @@ from agentium_graph.cli import EXIT_NOT_FOUND, EXIT_STORE, EXIT_USAGE, _table, c
 from agentium_graph.demo import _demo
 from agentium_graph.demo._demo import KEY as DEMO_KEY
 from agentium_graph.demo.pipeline import build_catalog, build_program
+from tests._cli_helpers import one_line_error, worker_running
 from tests.conftest import Calls, chain_plan, make_catalog, program
 
 sqlite = pytest.importorskip("agentium_graph_sqlite")
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def one_line_error(result: Result, code: int, *fragments: str) -> str:
-    assert result.exit_code == code, (result.exit_code, result.output, result.exception)
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.output
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -80,17 +71,8 @@ def test_only_the_demo_that_creates_its_task_runs_it(
 
 def test_a_failing_worker_is_named_by_its_exception_not_its_traceback(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def failing(uri: str, delay: float, call_log: Path, workdir: Path, name: str,
-                workers: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
-        with open(workdir / f"{name}.out", "wb") as out, \
-                open(workdir / f"{name}.err", "wb") as err:
-            process = subprocess.Popen(
-                [sys.executable, "-c", "def load():\n    raise RuntimeError('disk on fire')\n"
-                                       "load()\n"], stdout=out, stderr=err)
-        workers.append(process)
-        return process
-
-    monkeypatch.setattr(_demo, "_spawn", failing)
+    monkeypatch.setattr(_demo, "_spawn", worker_running(
+        "def load():\n    raise RuntimeError('disk on fire')\nload()\n"))
     result = CliRunner().invoke(cli, ["demo", "--store", f"sqlite:///{tmp_path / 'd.db'}"])
     line = one_line_error(result, 1, "exited early", "RuntimeError: disk on fire")
     assert "Traceback" not in line and "load()" not in line and "File " not in line
