@@ -375,4 +375,3 @@ def from_driver(exc: BaseException) -> bool:
         tb = tb.tb_next
     return last is not None and any(part in last.replace("\\", "/") for part in (
         "/pymongo/", "/asyncio/"))
-

@@ -411,7 +411,7 @@ class MongoDBDurableTaskStore:
         _CLOSING.add(closing)
         closing.add_done_callback(_CLOSING.discard)
         log.warning("MongoDB store (%s): a driver call stalled; the store replaced its "
-                       "client", self._where)
+                    "client", self._where)
         return True
 
     def _state(self) -> _LoopState:
@@ -782,6 +782,23 @@ def _source(uri_or_client: object) -> str:
     return "the URI of the given AsyncMongoClient"
 
 
+def call_deadline(client: AsyncMongoClient[dict[str, Any]]) -> float | None:
+    """How long one driver call may take before it counts as stuck: finding a server,
+    opening a connection and two replies (a cursor's first batch and one more), plus five
+    seconds. None when the client waits for a reply without limit (socketTimeoutMS=0)."""
+    try:
+        options = client.options
+        select = float(options.server_selection_timeout)
+        pool = options.pool_options
+        connect = pool.connect_timeout
+        reply = pool.socket_timeout
+    except (AttributeError, TypeError, ValueError):  # a client unlike pymongo's own
+        return None
+    if reply is None or connect is None:
+        return None
+    return select + float(connect) + 2 * float(reply) + 5.0
+
+
 def _client_from_uri(uri: str, server_selection_timeout_s: float, connect_timeout_s: float,
                      socket_timeout_s: float) -> AsyncMongoClient[dict[str, Any]]:
     try:
@@ -855,21 +872,3 @@ def _redact(uri: str) -> str:
 if TYPE_CHECKING:
     # The store fits the protocol: checked by mypy --strict, no runtime_checkable needed.
     _fits: DurableTaskStore = MongoDBDurableTaskStore("mongodb://localhost")
-
-
-def call_deadline(client: AsyncMongoClient[dict[str, Any]]) -> float | None:
-    """How long one driver call may take before it counts as stuck: finding a server,
-    opening a connection and two replies (a cursor's first batch and one more), plus five
-    seconds. None when the client waits for a reply without limit (socketTimeoutMS=0)."""
-    try:
-        options = client.options
-        select = float(options.server_selection_timeout)
-        pool = options.pool_options
-        connect = pool.connect_timeout
-        reply = pool.socket_timeout
-    except (AttributeError, TypeError, ValueError):  # a client unlike pymongo's own
-        return None
-    if reply is None or connect is None:
-        return None
-    return select + float(connect) + 2 * float(reply) + 5.0
-
