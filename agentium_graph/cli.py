@@ -27,7 +27,6 @@ import contextlib
 import errno
 import io
 import json
-import os
 import re
 import shlex
 import sys
@@ -45,6 +44,7 @@ from rich.table import Table
 from rich.text import Text
 
 from agentium_graph._cli_list import MAX_PAGE, DamagedTask, TaskList, clip, run_list
+from agentium_graph._entry import discard_stream as _discard
 from agentium_graph._store_uri import open_store_uri, redact
 from agentium_graph.catalog._catalog import HostCatalog
 from agentium_graph.errors import (
@@ -258,17 +258,6 @@ class _Group(click.Group):
             _error_line(f"error: cannot write the output ({exc.strerror or exc}); what was "
                        "printed is incomplete")
             ctx.exit(EXIT_ERROR)
-
-
-def _discard(stream: Any) -> None:
-    """Point ``stream``'s file descriptor at the null device: what is still buffered for it
-    cannot be written either, and Python's flush at exit would report that again."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        fd = stream.fileno()
-        null = os.open(os.devnull, os.O_WRONLY)
-        if null != fd:  # a closed fd is the lowest free one: os.open may have reused it
-            os.dup2(null, fd)
-            os.close(null)
 
 
 # --- store plumbing -----------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import agentium_graph
 
 SPEC_NAMES = {
@@ -56,3 +58,61 @@ def test_every_public_name_is_in_the_api_reference() -> None:
     missing = [name for name in agentium_graph.__all__
                if name != "__version__" and f"`{name}`" not in reference]
     assert missing == [], f"document these in docs/api.md: {missing}"
+
+
+# --- the facade imports lazily ------------------------------------------------------------
+
+def _type_checking_names() -> dict[str, str]:
+    """name -> module, as the package's TYPE_CHECKING block imports them (what mypy sees)."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(agentium_graph.__file__).read_text())
+    block = next(node for node in tree.body if isinstance(node, ast.If)
+                 and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+    return {alias.name: str(node.module) for node in block.body
+            if isinstance(node, ast.ImportFrom) for alias in node.names}
+
+
+def test_each_public_name_is_the_object_its_type_checking_import_names() -> None:
+    import importlib
+
+    names = _type_checking_names()
+    assert set(names) == set(agentium_graph.__all__) - {"__version__"}
+    for name, module in names.items():
+        assert getattr(agentium_graph, name) is getattr(importlib.import_module(module), name), \
+            name
+
+
+def _fresh(code: str) -> str:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    return done.stdout.strip()
+
+
+def test_importing_the_package_errors_or_a_store_does_not_load_the_runtime() -> None:
+    code = ("import sys, agentium_graph, agentium_graph.errors, agentium_graph_sqlite; "
+            "print(sorted(m for m in ('agentium_graph.runtime', 'agentium_graph._program')"
+            " if m in sys.modules))")
+    assert _fresh(code) == "[]"
+    # ... and the first use of a runtime name loads it
+    code = ("import sys; from agentium_graph import ExecutionGraphRuntime; "
+            "print('agentium_graph.runtime' in sys.modules)")
+    assert _fresh(code) == "True"
+
+
+def test_the_facade_still_behaves_like_a_module() -> None:
+    import agentium_graph.store
+
+    namespace: dict[str, object] = {}
+    exec("from agentium_graph import *", namespace)  # every name of __all__, imported lazily
+    assert set(agentium_graph.__all__) <= set(namespace)
+    assert set(agentium_graph.__all__) <= set(dir(agentium_graph))
+    assert agentium_graph.store is agentium_graph.store  # a subpackage is an attribute
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        agentium_graph.NoSuchName  # noqa: B018
+    with pytest.raises(AttributeError, match="no attribute '_private'"):
+        agentium_graph._private  # noqa: B018

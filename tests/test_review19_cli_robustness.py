@@ -268,12 +268,6 @@ _INTERRUPT_ON_IMPORT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not fixable in the CLI's own files: the console script imports agentium_graph.cli and "
-    "python -m imports agentium_graph, and both first run agentium_graph/__init__.py, which "
-    "imports the whole runtime eagerly, before any entry function of the CLI can catch "
-    "KeyboardInterrupt (needs a lazy package __init__ or an entry module outside the "
-    "package)"))
 @pytest.mark.parametrize("entry", ["console-script", "-m"])
 def test_ctrl_c_while_importing_is_aborted_not_a_traceback(tmp_path: Path,
                                                            entry: str) -> None:
@@ -290,6 +284,15 @@ def test_ctrl_c_while_importing_is_aborted_not_a_traceback(tmp_path: Path,
     assert done.stderr.strip() == "Aborted!" and done.returncode == 1, done
     assert done.returncode != -signal.SIGINT
 
+
+
+def test_ctrl_c_while_importing_with_stderr_unwritable_keeps_exit_code_1(
+        tmp_path: Path) -> None:
+    with open(os.devnull) as read_only:  # writes to it fail (EBADF)
+        done = subprocess.run([sys.executable, "-c", _INTERRUPT_ON_IMPORT, "-m", "list"],
+                              cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
+                              stderr=read_only, timeout=60)
+    assert done.returncode == 1, done
 
 # --- 7. --delay nan ----------------------------------------------------------------------------
 

@@ -21,8 +21,9 @@ from pydantic import (
 )
 
 from agentium_graph._canonical import NotJSONError, check_json, json_copy
+from agentium_graph._config_base import storable_text
 from agentium_graph._fastschema import Predicate, compile_fast
-from agentium_graph._program import ExecutionGraphProgram, storable_text
+from agentium_graph._program import ExecutionGraphProgram
 from agentium_graph._schemarefs import checked_validator
 from agentium_graph.errors import (
     ConfigurationError,

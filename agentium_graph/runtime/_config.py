@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from agentium_graph._program import MAX_LIMIT, IntConfigModel
+from agentium_graph._config_base import MAX_LIMIT, IntConfigModel
 
 # Seconds a worker's lease lasts unless renewed: the runtime's default, and what the CLI and
 # the resolution helpers take when they hold a task briefly (cancel, resolve).

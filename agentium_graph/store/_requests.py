@@ -14,7 +14,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentium_graph._canonical import NotJSONError, check_json
-from agentium_graph._program import ConfigModel
+from agentium_graph._config_base import ConfigModel
 from agentium_graph.errors import ErrorInfo, bool_only, int_only
 from agentium_graph.store._records import (
     ActionRecord,
