@@ -25,6 +25,17 @@ from pydantic import (
     model_serializer,
 )
 
+from agentium_graph._cli_render import (
+    _console,
+    _emit_json,
+    _lease,
+    _relative,
+    _shown,
+    _status,
+    _t,
+    _table,
+    clip,
+)
 from agentium_graph.errors import DataIntegrityError, ErrorInfo, StoreSchemaError, valid_text
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import TaskHeader
@@ -40,19 +51,10 @@ __all__ = ["MAX_PAGE", "DamagedTask", "Row", "TaskList", "clip", "damaged_messag
            "list_rows", "run_list"]
 
 MAX_PAGE = 1000  # the most rows a ListTasksRequest may ask for
-CLIP_CHARS = 80
-
-
-def clip(text: str, limit: int = CLIP_CHARS) -> str:
-    """``text`` cut to ``limit`` characters, ending in ``…`` when cut: free text of any
-    length (a cancel reason) as one table cell or ``key=value`` pair."""
-    return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
 class DamagedTask(BaseModel):
     """``list --json``: a task whose stored header cannot be read, with the store's error
     (``inspect KEY`` shows it in full). ``reason``: the damaged field and what is wrong with
-    it, at most :data:`CLIP_CHARS` characters (the table's ``problem`` cell)."""
+    it, at most CLIP_CHARS (80) characters (the table's ``problem`` cell)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -122,14 +124,7 @@ def run_list(ctx: click.Context, *, status: str | None, limit: int, after: str |
     """The ``list`` command: the page as a table (with a ``more:`` hint) or as ``--json``;
     a page with damaged tasks ends with one ``error:`` line and exit 4."""
     # Imported here, as _cli_resolve does: cli imports this module as it loads.
-    from agentium_graph.cli import (
-        EXIT_STORE,
-        _emit_json,
-        _error_line,
-        _hint,
-        _shown,
-        run_with_store,
-    )
+    from agentium_graph.cli import EXIT_STORE, _error_line, _hint, run_with_store
 
     async def fetch(store: DurableTaskStore) -> TaskList:
         # One extra row tells whether another page exists; a full page of the store's
@@ -158,7 +153,7 @@ def run_list(ctx: click.Context, *, status: str | None, limit: int, after: str |
 
 def _list_output(ctx: click.Context, config: CliConfig, result: TaskList, status: str | None,
                  limit: int) -> None:
-    from agentium_graph.cli import _console, _hint, _shown
+    from agentium_graph.cli import _hint
 
     _render_list(_console(), result, status)
     if result.next_after is not None:
@@ -171,8 +166,6 @@ def _list_output(ctx: click.Context, config: CliConfig, result: TaskList, status
 
 
 def _render_list(console: Console, result: TaskList, status: str | None) -> None:
-    from agentium_graph.cli import _lease, _relative, _status, _t, _table
-
     if not result.tasks and not result.damaged:
         console.print(f"no tasks{' with status ' + status if status else ''}")
         return
@@ -220,7 +213,7 @@ def _damaged_key(exc: StoreSchemaError | DataIntegrityError, cursor: str | None)
 
 
 def _reason(exc: StoreSchemaError | DataIntegrityError) -> str:
-    """Why the header cannot be read, in at most :data:`CLIP_CHARS` characters (the error's
+    """Why the header cannot be read, in at most CLIP_CHARS (80) characters (the error's
     message has it all): the damaged field and what is wrong with it when the store says
     (``details["problem"]``, as the MongoDB store does), else read from the pydantic error
     that caused it (the SQLite store's)."""

@@ -22,7 +22,7 @@ from click.testing import CliRunner, Result
 
 import agentium_graph.cli as cli_module
 from agentium_graph import ExecutionGraphRuntime, InMemoryDurableTaskStore
-from agentium_graph._cli_list import CLIP_CHARS
+from agentium_graph._cli_render import CLIP_CHARS
 from agentium_graph.cli import EXIT_STORE, cli
 from agentium_graph.errors import StoreSchemaError
 from agentium_graph.store import DurableTaskStore, ListTasksRequest, TaskHeader
