@@ -36,7 +36,8 @@ from typing import Any, Literal
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
-from agentium_graph_mongodb._store import MongoDBDurableTaskStore, _redact
+from agentium_graph_mongodb._client import _redact
+from agentium_graph_mongodb._store import MongoDBDurableTaskStore
 
 FACTORY = "agentium_graph_mongodb.testing:open_store"
 ENV_URI = "AGENTIUM_MONGODB_URI"

@@ -36,8 +36,8 @@ from agentium_graph.errors import (
 from agentium_graph.store import SettleNode, StartAttempt
 from agentium_graph_mongodb import MongoDBDurableTaskStore
 from agentium_graph_mongodb import _store as store_module
+from agentium_graph_mongodb._client import _redact
 from agentium_graph_mongodb._errors import map_mongo_error
-from agentium_graph_mongodb._store import _redact
 from agentium_graph_mongodb.testing import free_port, open_store
 
 MiB = 1024 * 1024

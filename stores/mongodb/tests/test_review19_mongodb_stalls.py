@@ -21,7 +21,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import ConfigurationError as DriverConfigurationError
 
 from agentium_graph.errors import StoreSchemaError, StoreUnavailableError
-from agentium_graph_mongodb import MongoDBDurableTaskStore, _store
+from agentium_graph_mongodb import MongoDBDurableTaskStore, _client, _store
 from agentium_graph_mongodb._errors import TransientStoreError, is_transient, map_mongo_error
 from agentium_graph_mongodb.testing import open_store
 
@@ -86,13 +86,13 @@ async def test_call_deadline_is_the_clients_timeouts_together() -> None:
     unbounded: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
         "mongodb://127.0.0.1:1/?directConnection=true", socketTimeoutMS=0, connect=False)
     # selection + connect + two replies + 5 s
-    assert _store.call_deadline(client) == pytest.approx(2 + 3 + 2 * 4 + 5)
-    assert _store.call_deadline(unbounded) is None  # the client waits for ever: so do we
+    assert _client.call_deadline(client) == pytest.approx(2 + 3 + 2 * 4 + 5)
+    assert _client.call_deadline(unbounded) is None  # the client waits for ever: so do we
     store = MongoDBDurableTaskStore("mongodb://127.0.0.1:1/?directConnection=true")
-    made = _store._client_from_uri("mongodb://127.0.0.1:1/?directConnection=true",
+    made = _client._client_from_uri("mongodb://127.0.0.1:1/?directConnection=true",
                                    *store._client_options)
     try:
-        assert _store.call_deadline(made) == pytest.approx(5 + 5 + 2 * 20 + 5)
+        assert _client.call_deadline(made) == pytest.approx(5 + 5 + 2 * 20 + 5)
     finally:
         for opened in (client, unbounded, made):
             await opened.close()
