@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from agentium_graph._canonical import admission_id, attempt_id, digest, json_copy
+from agentium_graph._canonical import admission_id, attempt_id, digest
 from agentium_graph._otel import span, traced_attempt
 from agentium_graph._program import ExecutionGraphProgram
 from agentium_graph.errors import (
@@ -31,7 +31,7 @@ from agentium_graph.errors import (
     NodeInputError,
     StaleFenceError,
 )
-from agentium_graph.plan._validate import CompiledPlan, resolve_args
+from agentium_graph.plan._validate import CompiledPlan
 from agentium_graph.runtime import _containers as containers
 from agentium_graph.runtime import _effects as effects
 from agentium_graph.runtime._admission import AdmissionController, Ticket
@@ -50,7 +50,8 @@ from agentium_graph.runtime._frontier import CONTAINERS as FRONTIER_CONTAINERS
 from agentium_graph.runtime._frontier import Frontier, Turn
 from agentium_graph.runtime._graph import FlatGraph, NodeSpec
 from agentium_graph.runtime._lease import keep_lease
-from agentium_graph.runtime._outcome import Outcome, schema_error
+from agentium_graph.runtime._node_args import prepare_args
+from agentium_graph.runtime._outcome import Outcome
 from agentium_graph.runtime._planner import install_revisions, plan_task
 from agentium_graph.runtime._states import RESTARTABLE
 from agentium_graph.runtime._stops import (
@@ -227,7 +228,7 @@ class TaskRun:
             rec = self.nodes.get(cid)  # None: damage, check_recoverable names it
             if containers.is_container(spec) and rec is not None and rec.state == "running":
                 with contextlib.suppress(NodeInputError):
-                    self.container_args[cid] = self._prepare_args(spec)
+                    self.container_args[cid] = prepare_args(self, spec)
 
     # --- public entry ---------------------------------------------------------------
     async def execute(self) -> TaskResult:
@@ -519,7 +520,7 @@ class TaskRun:
                 continue
             self.frontier.discard(node_id)
             try:
-                args = self._prepare_args(node)
+                args = prepare_args(self, node)
             except NodeInputError as exc:
                 steps.append(SettleNode(node_id=node_id, state="failed", error=exc.to_info()))
                 self.closed.add(node_id)
@@ -557,44 +558,6 @@ class TaskRun:
 
     def fail(self, node_id: str, info: ErrorInfo) -> None:
         also_failed(self, node_id, info)
-
-    def _ref_values(self, node: NodeSpec) -> dict[str, Any]:
-        scope = self.graph.scopes[node.scope]
-        values: dict[str, Any] = {}
-        for ref in node.refs:
-            if ref.node == "$input":
-                values["$input"] = self.task_input if scope.parent is None else \
-                    self.container_args.get(scope.parent)
-            elif ref.node == "$previous":
-                values["$previous"] = containers.previous_outputs(self, node)
-            elif node.scope + ref.node in self.outputs:
-                values[ref.node] = self.outputs[node.scope + ref.node]
-        return values
-
-    def _prepare_args(self, node: NodeSpec) -> dict[str, Any]:
-        try:
-            # Static args are copied too: a tool that mutates its args must not change the
-            # plan (a retry would see different input).
-            args: dict[str, Any] = resolve_args(node.args, self._ref_values(node)) \
-                if node.refs or node.literal else json_copy(node.args, trusted=True)
-        except LookupError as exc:
-            raise NodeInputError(f"node {node.id!r}: {exc}", node_id=node.id) from None
-        if not isinstance(args, dict):
-            # A $ref standing for the whole args resolved to something else: no tool,
-            # connector or agent is handed it (and no action intent is recorded for it).
-            ref = node.args["$ref"] if isinstance(node.args, dict) and "$ref" in node.args \
-                else None
-            where = f"$ref {ref.get('node')!r}" if isinstance(ref, dict) else "its args"
-            raise NodeInputError(
-                f"node {node.id!r}: its args ({where}, standing for the whole args) resolved "
-                f"to {_json_kind(args)}, but a node's args must be an object; point the $ref "
-                "at an object, or name the value: {\"value\": {\"$ref\": ...}}",
-                node_id=node.id, details={"resolved": _json_kind(args)})
-        if node.refs:
-            errors = node.binding.input_errors(args)
-            if errors:
-                raise schema_error(NodeInputError, node.id, "resolved args", errors[0])
-        return args
 
     def _start_granted(self, steps: list[Step], pending: dict[str, int]) -> list[_Ready]:
         launch: list[_Ready] = []
@@ -791,17 +754,3 @@ class TaskRun:
                 item.ticket.future.add_done_callback(lambda _f: self.wake.set())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wake.wait(), timeout)
-
-
-def _json_kind(value: Any) -> str:
-    """The JSON name of ``value``'s type, for messages ("an array", "null")."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return "an array" if isinstance(value, list) else "an object"
-
