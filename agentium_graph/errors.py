@@ -96,9 +96,25 @@ class ErrorInfo(BaseModel):
         if isinstance(exc, AgentiumGraphError):
             return cls(code=exc.code, message=str(exc), node_id=node_id or exc.node_id,
                        details=_safe_details(exc.details))
-        text = str(exc) or type(exc).__name__
-        return cls(code="tool_error", message=f"{type(exc).__name__}: {text}",
+        return cls(code="tool_error", message=f"{type(exc).__name__}: {exception_text(exc)}",
                    node_id=node_id, details={"exception_type": type(exc).__qualname__})
+
+
+def exception_text(exc: BaseException) -> str:
+    """``str(exc)`` (its class name when empty), or what went wrong when its ``__str__``
+    raises: the node fails with the exception it raised, never with the formatting one."""
+    try:
+        return str(exc) or type(exc).__name__
+    except Exception as inner:
+        return f"<its str() raised {type(inner).__name__}>"
+
+
+def described(exc: BaseException) -> str:
+    """``"ValueError: text"`` (``"ValueError"`` when it has no text) for messages about a
+    host's exception; a ``__str__`` that raises is said, not raised."""
+    name = type(exc).__name__
+    text = exception_text(exc)
+    return name if text == name else f"{name}: {text}"
 
 
 MAX_ERROR_MESSAGE = 4000   # characters of a journaled error message
@@ -250,14 +266,25 @@ class DescriptorMismatchError(AgentiumGraphError):
 class LeaseHeldError(AgentiumGraphError):
     code = "lease_held"
 
-    def __init__(self, key: str, holder: str, expires_at: datetime) -> None:
-        super().__init__(
-            f"task {key!r} is leased by worker {holder!r} until {expires_at.isoformat()}; "
-            "retry after that, or call run(..., wait=True) to wait for the lease",
-            details={"key": key, "holder": holder, "expires_at": expires_at.isoformat()})
+    def __init__(self, key: str, holder: str, expires_at: datetime, *,
+                 same_runtime: bool = False) -> None:
+        details: dict[str, Any] = {"key": key, "holder": holder,
+                                   "expires_at": expires_at.isoformat()}
+        if same_runtime:
+            details["same_runtime"] = True
+            message = (f"task {key!r} is already being run by this runtime (worker {holder!r},"
+                       " another run() call); await that call, or call run(..., wait=True) "
+                       "to wait for it to end")
+        else:
+            message = (f"task {key!r} is leased by worker {holder!r} until "
+                       f"{expires_at.isoformat()}; retry after that, or call "
+                       "run(..., wait=True) to wait for the lease")
+        super().__init__(message, details=details)
         self.key = key
         self.holder = holder
         self.expires_at = expires_at
+        #: True when the holder is another run() call of the same runtime object.
+        self.same_runtime = same_runtime
 
 
 class StaleFenceError(AgentiumGraphError):

@@ -4,15 +4,12 @@
 ``cancel`` reaches that run at once and ``admission_snapshot`` reports its queue. SPEC 3:
 a ``run`` by the worker that holds the lease (a restarted worker, a re-delivered job) takes
 the task over at once under a new fence, and the run it replaced ends with
-``StaleFenceError``. When both runs are in one runtime, the replaced run, as it ended,
-removed the *live* run from that map: ``admission_snapshot`` then showed no permit held
-while a node ran, and ``cancel`` no longer reached the live run in-process (it was only
-seen at the run's next lease renewal, ``poll_interval`` later).
-
-The fix belongs in ``agentium_graph/runtime/_runtime.py`` (being split into modules now),
-so these tests fail until it lands: in ``run()`` and ``_run_fresh()`` the ``finally`` that
-does ``self._active.pop(key, None)`` must remove only its own run
-(``if self._active.get(key) is run: del self._active[key]``).
+``StaleFenceError``. Review 18 found that when both runs were in one runtime, the replaced
+run, as it ended, removed the *live* run from that map. Since review 20 a second ``run``
+of a task that the same runtime is running is refused instead (``LeaseHeldError`` with
+``same_runtime``: taking over a live run of its own process lost confirmed effects); the
+takeover by a restarted worker (another runtime, the same worker id) is what remains, and
+the first test checks both.
 
 The rest pins down what a many-task workload relies on: 60 concurrent runs of tasks with
 their own root limits, budgets, failures and cancels, with re-deliveries of ``create``,
@@ -37,6 +34,7 @@ from agentium_graph import (
     ExecutionGraphRuntime,
     HostCatalog,
     InMemoryDurableTaskStore,
+    LeaseHeldError,
     NodeFailedError,
     PlanLimits,
     RootLimits,
@@ -73,14 +71,18 @@ async def test_a_replaced_run_leaves_the_live_run_reachable(created_here: bool) 
     store = InMemoryDurableTaskStore()
     # Renewals (which would also observe a cancel) are far apart: what reaches the live
     # run within the test's bound is the runtime's in-process cancel.
+    old = ExecutionGraphRuntime(catalog=catalog, store=store, lease_ttl=30, poll_interval=20)
     rt = ExecutionGraphRuntime(catalog=catalog, store=store, lease_ttl=30, poll_interval=20)
-    creator = rt if created_here else ExecutionGraphRuntime(catalog=catalog, store=store)
+    creator = old if created_here else ExecutionGraphRuntime(catalog=catalog, store=store)
     await creator.create("k", ExecutionGraphProgram(id="p", version="1", plan={
         "schemaVersion": 1, "revision": 1,
         "nodes": [{"id": "a", "binding": "t", "version": "1", "args": {}}]}))
-    replaced = asyncio.create_task(rt.run("k", "w1"))
+    replaced = asyncio.create_task(old.run("k", "w1"))
     await wait_until(lambda: tool.started == [1], WAIT)
-    live = asyncio.create_task(rt.run("k", "w1"))  # the same worker again: takes over
+    with pytest.raises(LeaseHeldError) as refused:  # the same runtime again: refused
+        await old.run("k", "w1")
+    assert refused.value.same_runtime and tool.started == [1]
+    live = asyncio.create_task(rt.run("k", "w1"))  # the same worker restarted: takes over
     await wait_until(lambda: tool.started == [1, 2], WAIT)
     tool.first.set()
     async with asyncio.timeout(WAIT):

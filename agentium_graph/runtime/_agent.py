@@ -39,6 +39,7 @@ from agentium_graph.errors import (
     DescriptorMismatchError,
     ErrorInfo,
     NodeFailedError,
+    exception_text,
 )
 from agentium_graph.providers import (
     IncompleteStreamError,
@@ -403,7 +404,7 @@ def _first_line(exc: BaseException) -> str:
     if callable(errors):  # pydantic's ValidationError: its first error, with its field
         first = errors()[0]
         return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
-    text = str(exc).strip()
+    text = exception_text(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
 

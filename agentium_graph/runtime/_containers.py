@@ -23,7 +23,7 @@ from agentium_graph._canonical import (
     json_copy,
 )
 from agentium_graph.catalog._bindings import GraphBinding, RepeatBinding
-from agentium_graph.errors import ErrorInfo, NodeOutputError
+from agentium_graph.errors import ErrorInfo, NodeOutputError, described
 from agentium_graph.plan._validate import CompiledPlan
 from agentium_graph.runtime._graph import NodeSpec, Scope, child_prefix
 from agentium_graph.runtime._outcome import bytes_over, schema_error
@@ -176,7 +176,7 @@ def advance(run: TaskRun, steps: list[Step], blobs: dict[str, str],
             # (A sync callable raising CancelledError was not canceled by anyone.)
             _fail(run, container, steps, "repeat_condition_failed",
                   f"node {container!r}: the repeat condition raised on iteration {i}: "
-                  f"{type(exc).__name__}{f': {exc}' if str(exc) else ''}", {"iteration": i})
+                  f"{described(exc)}", {"iteration": i})
             continue
         if not isinstance(decision, bool):
             # The decision is journaled and replayed: a truthy object (or an un-awaited

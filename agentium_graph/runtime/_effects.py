@@ -37,7 +37,7 @@ from agentium_graph._canonical import admission_id, derive_id, digest
 from agentium_graph._otel import failed, span
 from agentium_graph.catalog._bindings import ToolBinding
 from agentium_graph.connectors import Absent, ActionOutcome, ActionRequest, Unknown
-from agentium_graph.errors import BudgetExhaustedError, ErrorInfo, NodeFailedError
+from agentium_graph.errors import BudgetExhaustedError, ErrorInfo, NodeFailedError, described
 from agentium_graph.runtime import _abandon
 from agentium_graph.runtime._admission import Ticket
 from agentium_graph.runtime._blobs import read_verified
@@ -221,7 +221,7 @@ async def _failed(run: TaskRun, node: NodeSpec, connector: Any, action: ActionRe
             f"the action absent: {info.message}"})
         return Outcome("failed", error=info.model_copy(update={
             "code": "effect_dispatch_failed"}), action=rejected)
-    return uncertain(run, action, f"dispatch raised {type(exc).__name__}: {exc}; "
+    return uncertain(run, action, f"dispatch raised {described(exc)}; "
                      f"lookup: {verdict.reason}")
 
 
@@ -278,7 +278,7 @@ async def reconcile(run: TaskRun, connector: Any,
                 raise
             except BaseException as exc:  # a connector's failure, whatever its class
                 failed(current, exc)
-                return Unknown(reason=f"lookup failed: {type(exc).__name__}: {exc}")
+                return Unknown(reason=f"lookup failed: {described(exc)}")
         if isinstance(verdict, ActionOutcome | Absent | Unknown):
             return verdict
         return Unknown(reason=f"lookup returned {type(verdict).__name__}")

@@ -14,7 +14,13 @@ from agentium_graph._canonical import (
     json_path,
 )
 from agentium_graph.catalog._bindings import Binding
-from agentium_graph.errors import ErrorInfo, NodeFailedError, NodeInputError, NodeOutputError
+from agentium_graph.errors import (
+    ErrorInfo,
+    NodeFailedError,
+    NodeInputError,
+    NodeOutputError,
+    exception_text,
+)
 from agentium_graph.store._records import ActionRecord
 
 OutcomeState = Literal["completed", "failed", "canceled", "uncertain", "budget"]
@@ -70,6 +76,13 @@ def check_output(node_id: str, binding: Binding, result: Any,
             f"node {node_id!r}: output is not JSON at {exc.path}: {exc.reason}; return "
             "dicts, lists, strings, numbers, booleans or None", node_id=node_id,
             details={"path": exc.path})
+        return Outcome("failed", error=error.to_info())
+    except Exception as exc:  # the value's own methods raised while it was read
+        error = NodeOutputError(
+            f"node {node_id!r}: its output could not be read as JSON: "
+            f"{type(exc).__name__} raised while reading it ({exception_text(exc)}); return "
+            "plain dicts, lists, strings, numbers, booleans or None", node_id=node_id,
+            details={"exception_type": type(exc).__qualname__})
         return Outcome("failed", error=error.to_info())
     # The value successors and the result see is the journaled one, never the tool's own
     # object: a tool (or a later one) mutating what it returned must not make this run

@@ -23,6 +23,7 @@ across recoveries. Once revision 1 is committed, no run plans again.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -145,9 +146,13 @@ def parse_proposal(response: ModelResponse) -> tuple[Any, list[Diagnostic]]:
         return None, [Diagnostic(path="$", code="proposal_not_json", message=(
             f"the answer is not one JSON object: {exc.msg} at line {exc.lineno} column "
             f"{exc.colno}"))]
-    except (ValueError, RecursionError) as exc:  # huge integers, absurd nesting
+    except ValueError:  # the only other ValueError json.loads raises: int(digits) refused
         return None, [Diagnostic(path="$", code="proposal_not_json", message=(
-            f"the answer cannot be read as JSON data: {type(exc).__name__}"))]
+            f"the answer holds an integer of more than {sys.get_int_max_str_digits()} "
+            "digits, which no plan can carry; write such a value as a string"))]
+    except RecursionError:
+        return None, [Diagnostic(path="$", code="proposal_not_json",
+                                 message="the answer is nested too deeply")]
     try:
         check_json(value)  # NaN, Infinity and the like are not JSON data
     except NotJSONError as exc:

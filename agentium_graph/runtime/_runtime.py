@@ -44,6 +44,7 @@ from agentium_graph.errors import (
     StoreError,
     StoreNotDurableError,
     TaskCanceledError,
+    TaskConflictError,
     check_flags,
 )
 from agentium_graph.plan._validate import CompiledPlan, pseudo_ref_problems, validate_plan
@@ -194,13 +195,21 @@ class ExecutionGraphRuntime(OperatorAPI):
         self.clock: Callable[[], datetime] = _utcnow if clock is None else \
             _checked_clock(clock)
         self.policy_revision = policy_revision
-        if effect_timeout <= 0 or lookup_timeout <= 0 or not 1 <= lookup_attempts <= 10:
-            raise ConfigurationError("effect_timeout and lookup_timeout must be positive and "
-                                     "lookup_attempts between 1 and 10")
+        for name, seconds in (("effect_timeout", effect_timeout),
+                              ("lookup_timeout", lookup_timeout)):
+            if not seconds > 0:  # NaN too: every comparison with it is false
+                raise ConfigurationError(f"{name} must be a positive number of seconds, got "
+                                         f"{seconds!r}")
+        if not 1 <= lookup_attempts <= 10:
+            raise ConfigurationError(f"lookup_attempts must be between 1 and 10, got "
+                                     f"{lookup_attempts!r}")
         self.effect_timeout = effect_timeout
         self.lookup_timeout = lookup_timeout
         self.lookup_attempts = lookup_attempts
         self._active: dict[str, TaskRun] = {}
+        # Keys a run() call of this runtime is running, with its worker id: from the
+        # moment it starts (before any await), so two calls never both take the lease.
+        self._claimed: dict[str, str] = {}
         self._limits_made: dict[tuple[type[Any], tuple[tuple[str, int], ...]], Any] = {}
         self._nested: dict[tuple[str, str, tuple[str, ...] | None], CompiledPlan] = {}
         self._compiled: dict[tuple[str, PlanLimits, tuple[str, ...] | None], CompiledPlan] = {}
@@ -304,9 +313,17 @@ class ExecutionGraphRuntime(OperatorAPI):
             deadline=absolute if absolute is not None else (
                 now + timedelta(seconds=after) if after is not None else None),
             revision=0 if plan is None else 1, journal_seq=1)
-        created = await self.store.create_task(CreateTaskRequest(
-            header=header, identity=identity, nodes=nodes,
-            admission_id=admission_id(header.task_id, "create")))
+        try:
+            created = await self.store.create_task(CreateTaskRequest(
+                header=header, identity=identity, nodes=nodes,
+                admission_id=admission_id(header.task_id, "create")))
+        except TaskConflictError as exc:
+            if set(exc.differing) != {"catalog_digest"}:
+                raise
+            # The same request after a deploy that changed only bindings this task does not
+            # use (their pinned descriptors are equal, or they would differ too): the task
+            # runs on this catalog, so this is a re-delivery, not another task.
+            return await self.inspect(key)
         if program.planner is not None:
             self._programs[(program.id, program.version)] = program
         if not created.created:
@@ -377,6 +394,30 @@ class ExecutionGraphRuntime(OperatorAPI):
                                      "characters")
         check_text("worker_id", worker_id)
         check_flags(wait=wait)
+        while key in self._claimed:
+            # Another run() call of this runtime has the task. Taking its lease over (as a
+            # restarted worker of the same id may) would fence out a live run: its
+            # confirmed effects would never reach the journal and its nodes would run
+            # twice. Wait for that call to end, or refuse as for another worker's lease.
+            if not wait:
+                raise await self._held_here(key, self._claimed[key])
+            await asyncio.sleep(min(self.poll_interval, 0.05))
+        self._claimed[key] = worker_id
+        try:
+            return await self._run_claimed(key, worker_id, wait)
+        finally:
+            del self._claimed[key]
+
+    async def _held_here(self, key: str, worker_id: str) -> LeaseHeldError:
+        """The LeaseHeldError for a task that another run() call of this runtime runs."""
+        header = await self.store.get_header(key)
+        lease = None if header is None else header.lease
+        expires = lease.expires_at if lease is not None else \
+            self.clock() + timedelta(seconds=self.lease_ttl)
+        return LeaseHeldError(key, worker_id if lease is None else lease.owner, expires,
+                              same_runtime=True)
+
+    async def _run_claimed(self, key: str, worker_id: str, wait: bool) -> TaskResult:
         fresh = self._forget_fresh(key)
         if fresh is not None:
             result = await self._run_fresh(key, worker_id, fresh)

@@ -25,6 +25,7 @@ from agentium_graph.errors import (
     StaleFenceError,
     StoreError,
     TaskCanceledError,
+    described,
 )
 from agentium_graph.runtime import _abandon
 from agentium_graph.runtime._outcome import Outcome, node_error
@@ -96,7 +97,7 @@ def settle_planning(run: TaskRun) -> None:
             code=exc.code, message=str(exc),
             details={"diagnostics": [d.model_dump() for d in exc.diagnostics]})))
     else:
-        what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        what = described(exc)
         if isinstance(exc, TimeoutError):
             what = "the call took longer than the planner's max_latency_ms"
         _planner_failed(run, what, type(exc).__name__, exc)
