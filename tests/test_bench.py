@@ -13,7 +13,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
+
+# Its own subprocess timeouts bound it, not the suite's 120 s per test (a loaded machine).
+pytestmark = pytest.mark.timeout(330)
 
 
 def test_quick_bench_reports_every_workload_and_its_counts(tmp_path: Path) -> None:

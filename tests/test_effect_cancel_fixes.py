@@ -225,7 +225,8 @@ async def test_a_deadline_lets_a_dispatch_in_flight_finish_and_records_its_recei
         kind: str) -> None:
     conn = Connector(gate=True)
     rt, provider = setup(kind, conn)
-    await rt.create("k", program(effect_node(kind)), deadline=timedelta(milliseconds=300))
+    # Long enough that the dispatch starts before it passes, even on a loaded machine.
+    await rt.create("k", program(effect_node(kind)), deadline=timedelta(seconds=1))
     runner = asyncio.create_task(rt.run("k"))
     await asyncio.wait_for(conn.entered.wait(), 5)
     await stop_seen(rt, "k")  # the deadline passes while the destination holds the call

@@ -10,6 +10,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Its own subprocess timeouts bound it, not the suite's 120 s per test (a loaded machine).
+pytestmark = pytest.mark.timeout(210)
+
 
 @pytest.mark.parametrize("script, expect", [
     ("examples/quickstart.py", "sum of 100 EUR in four currencies: 16409.0"),

@@ -106,7 +106,7 @@ async def test_an_unclosed_sqlite_store_does_not_leak_its_worker_thread(
     gc.collect()
     leaked = _sqlite_threads() - before
     for thread in leaked:
-        await asyncio.to_thread(thread.join, 1.0)
+        await asyncio.to_thread(thread.join, 10.0)
     assert not [t for t in leaked if t.is_alive()]
 
 

@@ -50,6 +50,9 @@ from agentium_graph.store._transitions import (
     request_cancel,
 )
 
+# The child run (the fixture below) is bounded by its own timeout, not the suite's 120 s.
+pytestmark = pytest.mark.timeout(930)
+
 # --- the mutants ---------------------------------------------------------------------
 
 R = TypeVar("R", CommitRequest, RenewLeaseRequest, ReleaseLeaseRequest)

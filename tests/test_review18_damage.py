@@ -26,6 +26,7 @@ import os
 import shutil
 import signal
 import sqlite3
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -59,16 +60,23 @@ def damage_settings(examples: int) -> settings:
 
 @contextlib.contextmanager
 def time_limit(what: str) -> Iterator[None]:
-    """Fail instead of hanging (SIGALRM: the test runs in the main thread)."""
+    """Fail instead of hanging (SIGALRM: the test runs in the main thread). The real-time
+    timer is pytest-timeout's too: what is left of its time is set back afterwards, or a
+    hang later in the test would have no bound."""
     def stuck(*_: object) -> None:
         raise AssertionError(f"{what} did not finish within {SECONDS} s")
     previous = signal.signal(signal.SIGALRM, stuck)
-    signal.alarm(SECONDS)
+    outer, _ = signal.getitimer(signal.ITIMER_REAL)
+    started = time.monotonic()
+    signal.setitimer(signal.ITIMER_REAL, SECONDS)
     try:
         yield
     finally:
-        signal.alarm(0)
+        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL,
+                             max(outer - (time.monotonic() - started), 0.001))
 
 
 # --- mutations of one stored value --------------------------------------------------------

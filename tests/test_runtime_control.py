@@ -246,7 +246,8 @@ async def test_deadline_while_waiting_on_a_running_tool(calls: Calls) -> None:
     catalog = HostCatalog([ToolBinding(id="inc", version="1", execute=slow, recovery="pure")])
     rt = ExecutionGraphRuntime(catalog=catalog, limits=RootLimits(max_concurrent_work=1),
                                on_admission=events.append)
-    await rt.create("d", program(fan_plan(2)), deadline=timedelta(milliseconds=200))
+    # Long enough that p0 is admitted first even on a loaded machine (then p1 waits).
+    await rt.create("d", program(fan_plan(2)), deadline=timedelta(seconds=1))
     with pytest.raises(DeadlineExceededError):
         await asyncio.wait_for(rt.run("d"), 5)
     assert [e.node_id for e in events if e.kind == "rejected"] == ["p1"]
@@ -359,7 +360,7 @@ async def test_run_wait_true_answers_for_a_task_another_worker_ended(
 
 async def test_a_deadline_ends_a_wait_for_the_lease(calls: Calls) -> None:
     rt = ExecutionGraphRuntime(catalog=make_catalog(calls), poll_interval=0.05)
-    await rt.create("d", program(chain_plan(1)), deadline=timedelta(seconds=0.3))
+    await rt.create("d", program(chain_plan(1)), deadline=timedelta(seconds=1))
     await rt.store.acquire_lease(AcquireLeaseRequest(  # a dead worker's 30 s lease
         key="d", worker_id="gone", ttl_seconds=30, now=datetime.now(UTC)))
     # Waiting out the lease would take 30 s: wait_for's 20 s fail that with a TimeoutError.

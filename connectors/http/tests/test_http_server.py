@@ -210,7 +210,8 @@ async def test_a_slow_create_is_never_looked_up_as_absent(server: IdempotentTest
                                                           ) -> None:
     # The client gives up while the server still holds the create: the lookup must not
     # prove absence, since the charge is applied once the server goes on.
-    async with server.connector(idempotent_destination=False, timeout_s=0.2) as connector:
+    async with server.connector(idempotent_destination=False, timeout_s=0.2,
+                                lookup_timeout_s=5.0) as connector:
         request = make_request()
         server.hang_posts(1)
         try:

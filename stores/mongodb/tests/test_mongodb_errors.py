@@ -55,7 +55,7 @@ from agentium_graph.store import (
 )
 from agentium_graph_mongodb import MongoDBDurableTaskStore
 from agentium_graph_mongodb._errors import TransientStoreError, map_mongo_error
-from agentium_graph_mongodb.testing import free_port, open_store
+from agentium_graph_mongodb.testing import open_store
 
 TRANSIENT: list[BaseException] = [
     AutoReconnect("connection reset"),
@@ -208,7 +208,8 @@ async def test_no_raw_driver_exception_escapes(mongodb_uri: str, mongodb_databas
 # --- real failures, quickly typed -----------------------------------------------------------------
 
 async def test_unreachable_server_is_unavailable_quickly() -> None:
-    store = MongoDBDurableTaskStore(f"mongodb://127.0.0.1:{free_port()}/?directConnection=true",
+    # Port 1 (tcpmux) is closed here: a free port's number could be taken by then.
+    store = MongoDBDurableTaskStore("mongodb://127.0.0.1:1/?directConnection=true",
                                     database="nowhere", server_selection_timeout_s=0.2,
                                     retries=1, retry_max_wait_s=0.01)
     started = time.monotonic()

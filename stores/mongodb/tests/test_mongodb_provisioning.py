@@ -119,8 +119,8 @@ def test_a_taken_port_is_retried_on_another(own_server: LocalServer,
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", 0))
         busy = taken.getsockname()[1]
-        ports = iter([busy, free_port()])
-        monkeypatch.setattr(testing, "free_port", lambda: next(ports))
+        ports = iter([busy])  # then real free ports: one may be taken again meanwhile
+        monkeypatch.setattr(testing, "free_port", lambda: next(ports, None) or free_port())
         own_server.start()
     assert own_server.port is not None and own_server.port != busy
     assert testing.ping(own_server.uri)
@@ -132,8 +132,8 @@ def test_a_port_another_server_answers_on_is_not_adopted(
     assert own_server.port is not None and own_server.process is not None
     assert testing.server_pid(own_server.uri) == own_server.process.pid
     second = LocalServer("secantusdb", own_server.executable, tmp_path / "second")
-    ports = iter([own_server.port, free_port()])
-    monkeypatch.setattr(testing, "free_port", lambda: next(ports))
+    ports = iter([own_server.port])  # then real free ports
+    monkeypatch.setattr(testing, "free_port", lambda: next(ports, None) or free_port())
     try:
         second.start()
         assert second.port != own_server.port and second.process is not None

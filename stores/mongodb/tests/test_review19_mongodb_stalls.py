@@ -38,6 +38,7 @@ class Stubborn:
         self.started = asyncio.Event()
         self.release = asyncio.Event()
         self.cancels = 0
+        self.calls = 0  # calls it stalled
         self.real: Callable[..., Any] = AsyncCollection.find_one
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -48,6 +49,7 @@ class Stubborn:
             if stubborn.stalls <= 0:
                 return await stubborn.real(collection, *args, **kwargs)
             stubborn.stalls -= 1
+            stubborn.calls += 1
             stubborn.started.set()
             while not stubborn.release.is_set():
                 try:
@@ -111,9 +113,10 @@ async def test_a_stalled_call_ends_typed_and_the_store_replaces_its_client(
         with pytest.raises(StoreUnavailableError) as info:
             await store.get_header("stall")
         elapsed = time.monotonic() - started
-        # Abandoned after its bound, once: not retried on the stuck client (3 retries of
-        # STALL_S would take 2 s), and not waited for after the cancel it ignored.
-        assert STALL_S <= elapsed < 4 * STALL_S
+        # Abandoned after its bound, once: not retried on the stuck client, and not waited
+        # for after the cancel it ignored (a loaded machine may add seconds, not a stall).
+        assert STALL_S <= elapsed < 10.0
+        assert stubborn.calls == 1
         assert not isinstance(info.value, TransientStoreError)
         assert info.value.details["driver_error"] == "stalled"
         assert info.value.details["client_replaced"] is True
