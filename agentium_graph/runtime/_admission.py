@@ -57,6 +57,15 @@ class AdmissionController:
         self._queue: deque[Ticket] = deque()
         self._closed: str | None = None  # why the run stopped: nothing queues any more
         self._held: list[AdmissionEvent] | None = None  # events not reported yet
+        self.loop = asyncio.get_running_loop()
+        # Called when the last permit is released (set while the controller outlives its run)
+        self.on_idle: Callable[[], None] | None = None
+
+    def reopen(self) -> None:
+        """Serve the task's next run in this runtime: permits still held by work an ended
+        run abandoned count against its capacity until that work really ends."""
+        self._closed = None
+        self.on_idle = None
 
     def hold_events(self) -> None:
         """Keep events back until :meth:`release_events` (a start that may be refused)."""
@@ -204,6 +213,8 @@ class AdmissionController:
             self.emit("released", ticket.node_id)
         if self._queue:
             self._grant_waiting()
+        if self._active == 0 and self.on_idle is not None:
+            self.on_idle()
 
     def reject_all(self, reason: str) -> None:
         """Reject every queued waiter (cancellation, deadline, failure), and from now on

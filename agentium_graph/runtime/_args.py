@@ -227,7 +227,12 @@ def deadline_arg(value: datetime | timedelta | None,
     if isinstance(value, datetime):
         if value.tzinfo is None:
             raise ConfigurationError("deadline must be timezone-aware (e.g. datetime.now(UTC))")
-        return value.astimezone(UTC), None
+        try:
+            return value.astimezone(UTC), None
+        except OverflowError:  # e.g. 9999-12-31 23:00 at UTC-5 is past the year 9999 in UTC
+            raise ConfigurationError(
+                f"deadline {value.isoformat()} is after the year 9999 in UTC; pass an "
+                "earlier deadline, or deadline=None for no deadline") from None
     raise ConfigurationError("deadline must be a datetime, a timedelta or None")
 
 

@@ -34,7 +34,7 @@ from agentium_graph.errors import (
 from agentium_graph.plan._validate import CompiledPlan
 from agentium_graph.runtime import _containers as containers
 from agentium_graph.runtime import _effects as effects
-from agentium_graph.runtime._admission import AdmissionController, Ticket
+from agentium_graph.runtime._admission import Ticket
 from agentium_graph.runtime._agent import (
     MODEL_KIND,
     PLANNER_KIND,
@@ -196,7 +196,7 @@ class TaskRun:
         self.container_args: dict[str, dict[str, Any]] = {}
         self.task_input = state.identity.input
         capacity = runtime.limits_for(state.identity).max_concurrent_work
-        self.admission = AdmissionController(key, capacity, self.clock, runtime.on_admission)
+        self.admission = runtime.admission_for(key, capacity)
         if acquire is not None:
             # Until a fast start's first write is accepted, admission events are held back:
             # a refused start never ran anything, and the ordinary start reports its own.
@@ -590,7 +590,6 @@ class TaskRun:
                 counter, used, limit = exhausted
                 self.admission.emit("exhausted", node_id, admission_id=adm, counter=counter)
                 del self.ready[node_id]
-                self.admission.release(item.ticket)
                 if intent is not None and intent.action_id not in self.actions:
                     # Local admission rejection: journaled as known not dispatched.
                     steps.append(RecordAction(action=intent))
@@ -598,6 +597,8 @@ class TaskRun:
                         "state": "rejected", "reason": f"{counter} budget exhausted"})))
                 begin_stop(self, Stop("budget", BudgetExhaustedError(
                     self.key, counter, used, charges[counter], limit, node_id=node_id)))
+                # Released after the stop rejected the queue: the permit goes to no waiter.
+                self.admission.release(item.ticket)
                 break
             for name, amount in charges.items():
                 pending[name] = pending.get(name, 0) + amount

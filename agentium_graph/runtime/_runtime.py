@@ -48,6 +48,7 @@ from agentium_graph.errors import (
     check_flags,
 )
 from agentium_graph.plan._validate import CompiledPlan, pseudo_ref_problems, validate_plan
+from agentium_graph.runtime._admission import AdmissionController
 from agentium_graph.runtime._args import (
     budgets_arg,
     check_key,
@@ -210,6 +211,10 @@ class ExecutionGraphRuntime(OperatorAPI):
         # Keys a run() call of this runtime is running, with its worker id: from the
         # moment it starts (before any await), so two calls never both take the lease.
         self._claimed: dict[str, str] = {}
+        # Admission of tasks whose last run here ended while work it abandoned (a tool that
+        # ignored its cancellation, a sync tool's thread) still holds permits: the task's
+        # next run in this runtime counts them, so max_concurrent_work holds across runs.
+        self._lingering: dict[str, AdmissionController] = {}
         self._limits_made: dict[tuple[type[Any], tuple[tuple[str, int], ...]], Any] = {}
         self._nested: dict[tuple[str, str, tuple[str, ...] | None], CompiledPlan] = {}
         self._compiled: dict[tuple[str, PlanLimits, tuple[str, ...] | None], CompiledPlan] = {}
@@ -484,8 +489,7 @@ class ExecutionGraphRuntime(OperatorAPI):
             try:
                 return await run.execute()
             finally:
-                if self._active.get(key) is run:  # a takeover may have replaced it
-                    del self._active[key]
+                self._run_ended(key, run)
         except _RUN_OUTCOMES:
             raise
         except BaseException:
@@ -525,8 +529,29 @@ class ExecutionGraphRuntime(OperatorAPI):
             await self._release_quietly(key, worker_id, run.fence)
             raise
         finally:
-            if self._active.get(key) is run:
-                del self._active[key]
+            self._run_ended(key, run)
+
+    def _run_ended(self, key: str, run: TaskRun) -> None:
+        if self._active.get(key) is run:
+            del self._active[key]
+        admission = run.admission
+        if admission.active > 0:
+            self._lingering[key] = admission
+
+            def idle() -> None:
+                if self._lingering.get(key) is admission:
+                    del self._lingering[key]
+            admission.on_idle = idle
+
+    def admission_for(self, key: str, capacity: int) -> AdmissionController:
+        """The admission controller of a run of ``key`` starting now (on the running loop):
+        the one of its last run here while work that run abandoned still holds permits."""
+        lingering = self._lingering.pop(key, None)
+        if lingering is not None and lingering.active > 0 and lingering.capacity == capacity \
+                and lingering.loop is asyncio.get_running_loop():
+            lingering.reopen()
+            return lingering
+        return AdmissionController(key, capacity, self.clock, self.on_admission)
 
     async def _acquire(self, key: str, worker_id: str, wait: bool,
                        deadline: datetime | None) -> LeaseGrant | None:

@@ -182,6 +182,8 @@ async def abandon_running(run: TaskRun) -> None:
             run.planning = None
         for r in run.running.values():
             r.ctx._cancel.set()
+            if r.task is not None:  # its permit is held until the node's code really ends
+                run.admission.bind(r.ticket, r.task)
             run.admission.release(r.ticket)
         if tasks:
             await _abandon.stop_all(tasks, f"task {run.key!r}")

@@ -4,6 +4,8 @@ exceptions mean (the scheduler in :mod:`._run` launches it; agents call tools th
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -34,7 +36,7 @@ async def invoke_tool(run: TaskRun, node: NodeSpec, args: dict[str, Any],
             if node.is_async:
                 result = await fn(args)
             elif binding.run_in_thread:
-                result = await asyncio.to_thread(_in_thread, fn, args)
+                result = await _in_a_thread(fn, args)
                 if type(result) is _Raised:
                     raise result.error
             else:
@@ -77,6 +79,29 @@ class _Raised:
 
     def __init__(self, error: StopIteration) -> None:
         self.error = error
+
+
+async def _in_a_thread(fn: Callable[[dict[str, Any]], Any], args: dict[str, Any]) -> Any:
+    """``fn(args)`` in a worker thread (with this context, as ``asyncio.to_thread``), but a
+    cancellation does not end the wait while the thread goes on: no thread can be stopped,
+    so the node's task, and the root permit bound to it, last until the tool really ends.
+    The run gives a canceled node its grace period and then abandons it, as for an async
+    tool that ignores its cancellation; the CancelledError is raised when the thread ends."""
+    loop = asyncio.get_running_loop()
+    work = loop.run_in_executor(None, functools.partial(
+        contextvars.copy_context().run, _in_thread, fn, args))
+    canceled: asyncio.CancelledError | None = None
+    while True:
+        try:
+            result = await asyncio.shield(work)
+        except asyncio.CancelledError as exc:
+            if work.done():
+                raise
+            canceled = exc
+            continue
+        if canceled is not None:
+            raise canceled
+        return result
 
 
 def _in_thread(fn: Callable[[dict[str, Any]], Any], args: dict[str, Any]) -> Any:
