@@ -51,6 +51,8 @@ __all__ = ["MAX_PAGE", "DamagedTask", "Row", "TaskList", "clip", "damaged_messag
            "list_rows", "run_list"]
 
 MAX_PAGE = 1000  # the most rows a ListTasksRequest may ask for
+
+
 class DamagedTask(BaseModel):
     """``list --json``: a task whose stored header cannot be read, with the store's error
     (``inspect KEY`` shows it in full). ``reason``: the damaged field and what is wrong with

@@ -71,4 +71,3 @@ def _json_kind(value: Any) -> str:
     if isinstance(value, str):
         return "a string"
     return "an array" if isinstance(value, list) else "an object"
-

@@ -4,6 +4,7 @@ exceptions mean (the scheduler in :mod:`._run` launches it; agents call tools th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -90,18 +91,15 @@ async def _in_a_thread(fn: Callable[[dict[str, Any]], Any], args: dict[str, Any]
     loop = asyncio.get_running_loop()
     work = loop.run_in_executor(None, functools.partial(
         contextvars.copy_context().run, _in_thread, fn, args))
-    canceled: asyncio.CancelledError | None = None
-    while True:
-        try:
-            result = await asyncio.shield(work)
-        except asyncio.CancelledError as exc:
-            if work.done():
-                raise
-            canceled = exc
-            continue
-        if canceled is not None:
-            raise canceled
-        return result
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        while not work.done():  # asyncio.wait neither cancels nor raises what work raised
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([work])
+        if not work.cancelled():
+            work.exception()  # seen: what an abandoned tool raised is ignored, like its result
+        raise
 
 
 def _in_thread(fn: Callable[[dict[str, Any]], Any], args: dict[str, Any]) -> Any:
