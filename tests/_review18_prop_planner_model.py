@@ -285,6 +285,7 @@ def simulate(script: Script) -> Expected:
     def count_frame() -> None:
         e.frames += 1
         if e.frames > script.max_frames:
+            reject(["too_many_frames"])  # journaled like any rejected frame, then final
             e.outcome, e.codes = "PlanValidationError", ["too_many_frames"]
             raise _Stop
 

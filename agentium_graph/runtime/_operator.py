@@ -37,7 +37,7 @@ from agentium_graph.runtime._args import (
 )
 from agentium_graph.runtime._config import RootLimits
 from agentium_graph.runtime._inspect import build_view, journal_problem
-from agentium_graph.runtime._resolve import cancel_stopped, resolve_action
+from agentium_graph.runtime._resolve import cancel_stopped, canceler_id, resolve_action
 from agentium_graph.runtime._views import AdmissionSnapshot, TaskResult, TaskView
 from agentium_graph.store._protocol import DurableTaskStore
 from agentium_graph.store._records import JournalEntry, TaskHeader, TaskIdentity
@@ -100,8 +100,13 @@ class OperatorAPI:
         A task nobody is running is canceled at once, including one in
         ``recovery_required``: its open nodes become ``canceled`` and its uncertain actions
         stay ``uncertain`` in the ledger (append-only evidence, listed by ``inspect``),
-        so check their destinations; nothing is dispatched or looked up. A task another
-        worker holds the lease of is canceled by that worker (or by whoever runs it next).
+        so check their destinations; nothing is dispatched or looked up. Any other such
+        task is run here until the cancel is observed (effects a crashed worker left are
+        looked up first); when this runtime's catalog cannot run it (it no longer registers
+        a binding the task pinned), it is canceled without running, and an effect a crash
+        left dispatching makes it ``recovery_required`` instead (cancel again to end it). A
+        task another worker holds the lease of is canceled by that worker (or by whoever
+        runs it next).
         Canceling an ended task changes nothing; the first reason recorded wins.
         """
         check_key(key)
@@ -122,11 +127,17 @@ class OperatorAPI:
         if header.status not in ("completed", "failed", "canceled", "recovery_required") and \
                 self._lease_free(header):
             try:
-                await self.run(key, worker_id=f"canceler:{key}")
+                await self.run(key, worker_id=canceler_id(key))
             except TaskCanceledError:
                 pass
-            except (LeaseHeldError, DescriptorMismatchError, ConfigurationError,
-                    DurableRecoveryRequiredError) as exc:
+            except (DescriptorMismatchError, ConfigurationError) as exc:
+                # This runtime cannot run the task (its catalog no longer registers what the
+                # task pinned): cancel it without running it, as for recovery_required.
+                log.info("task %s: cannot be run here to apply the cancel (%s); canceling "
+                         "it without running it", key, exc)
+                await cancel_stopped(self.store, key, lease_ttl=self.lease_ttl,
+                                     clock=self.clock, idle=True)
+            except (LeaseHeldError, DurableRecoveryRequiredError) as exc:
                 log.info("task %s: cancel recorded; a worker will apply it (%s)", key, exc)
             except (NodeFailedError, DeadlineExceededError, PlannerFailedError,
                     PlanValidationError) as exc:

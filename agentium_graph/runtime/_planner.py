@@ -67,6 +67,9 @@ SEALED_KIND = "planner_sealed"  # a stream ended with a committed plan: planning
 INTERRUPTED_KIND = "planner_interrupted"  # a stream broke off (not a judged frame)
 JOURNAL_PAGE = 1000  # journal entries per read when planning state is read back
 # What a host can do once the planner used every correction (the task itself has failed).
+FRAMES_ADVICE = ("the planner streamed more frames than StreamLimits(max_frames=...) allows; "
+                 "raise max_frames, or ask for fewer, larger revisions in the host "
+                 "instructions, in a new program version, then create a new task")
 EXHAUSTED_ADVICE = ("the planner used every correction; make the host instructions or the "
                     "catalog's descriptions clearer, or raise max_corrections, in a new "
                     "program version, then create a new task")
@@ -358,6 +361,12 @@ async def _committed_plan_digest(store: DurableTaskStore, header: TaskHeader) ->
         "no commit of that revision; the store was damaged, restore it from a backup")
 
 
+def _charges_a_call(data: dict[str, Any]) -> bool:
+    charges = data.get("charges")
+    return isinstance(charges, dict) and isinstance(charges.get("model_calls"), int) and \
+        charges["model_calls"] > 0
+
+
 async def _nothing() -> AsyncIterator[JournalEntry]:
     return
     yield  # an empty async generator
@@ -395,8 +404,9 @@ async def planner_view(store: DurableTaskStore, header: TaskHeader,
             break
         if not stream and entry.kind == "revision_committed":
             break
-        if entry.kind in (CALL_KIND, PLANNER_KIND):
-            calls += 1  # a stream call (charged before it was made) / a complete answer
+        if entry.kind == CALL_KIND or (not stream and entry.kind == "admission_charged" and
+                                       _charges_a_call(entry.data)):
+            calls += 1  # charged before it was made, whether an answer came or not
         elif entry.kind == INTERRUPTED_KIND:
             last = _diagnostics(entry, problems)
         if entry.kind != PROPOSAL_KIND:

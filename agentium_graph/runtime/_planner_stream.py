@@ -67,6 +67,7 @@ from agentium_graph.runtime._planner import (
     BINDING_RULES,
     CALL_KIND,
     EXHAUSTED_ADVICE,
+    FRAMES_ADVICE,
     INTERRUPTED_KIND,
     MAX_FED_BACK,
     SEALED_KIND,
@@ -114,11 +115,12 @@ class _State:
 
 class _Rejected(Exception):
     def __init__(self, diagnostics: list[Diagnostic], *, judged: bool = True,
-                 spent: dict[str, Any] | None = None) -> None:
+                 spent: dict[str, Any] | None = None, final: bool = False) -> None:
         super().__init__(diagnostics[0].message if diagnostics else "rejected")
         self.diagnostics = diagnostics
         self.judged = judged  # a frame was judged (journaled as a rejected verdict)
         self.spent = spent  # a StreamEnd's usage ("usage") and its charge ("charges")
+        self.final = final  # no correction can help: the planning fails once it is journaled
 
 
 async def plan_stream(run: TaskRun, program: ExecutionGraphProgram) -> None:
@@ -132,6 +134,8 @@ async def plan_stream(run: TaskRun, program: ExecutionGraphProgram) -> None:
             # never refunded: another provider call would be paid for and refused again.
             # (Checked first: the proposal was not invalid, even when it used the last call.)
             raise _budget_refusal(run, state.refused_counter)
+        if state.frames > config.stream.max_frames:
+            raise _too_many_frames(run, config)  # journaled before a crash: no new call
         if state.calls > config.max_corrections:
             raise _exhausted(run, config, state)
         request = _request(run, config, state)
@@ -153,6 +157,8 @@ async def plan_stream(run: TaskRun, program: ExecutionGraphProgram) -> None:
                     **({"usage": spent["usage"]} if "usage" in spent else {})}), *charges],
                     clamp=bool(charges))
             state.problem, state.judged = fed, rejected.judged
+            if rejected.final:
+                raise _too_many_frames(run, config) from None
 
 
 async def _load(run: TaskRun) -> _State:
@@ -447,9 +453,18 @@ async def _frame(run: TaskRun, program: ExecutionGraphProgram, config: PlannerCo
 def _count_frame(config: PlannerConfig, state: _State, run: TaskRun) -> None:
     state.frames += 1
     if state.frames > config.stream.max_frames:
-        raise PlanValidationError([Diagnostic(path="$", code="too_many_frames", message=(
-            f"the planner sent more than max_frames={config.stream.max_frames} frames"))],
-            subject=f"task {run.key!r}: the planner's stream", advice=EXHAUSTED_ADVICE)
+        raise _Rejected([_frames_diagnostic(config)], final=True)
+
+
+def _frames_diagnostic(config: PlannerConfig) -> Diagnostic:
+    return Diagnostic(path="$", code="too_many_frames", message=(
+        f"the planner sent more than max_frames={config.stream.max_frames} frames"))
+
+
+def _too_many_frames(run: TaskRun, config: PlannerConfig) -> PlanValidationError:
+    return PlanValidationError([_frames_diagnostic(config)],
+                               subject=f"task {run.key!r}: the planner's stream",
+                               advice=FRAMES_ADVICE)
 
 
 def _parse(text: str) -> tuple[int, dict[str, Any]]:

@@ -17,6 +17,7 @@ so it is canceled in one commit under its lease, leaving its uncertain actions i
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 from collections.abc import Callable
 from datetime import datetime
@@ -274,13 +275,32 @@ def _checked_output(key: str, action: ActionRecord, outcome: ActionOutcome,
     return canonical_json(outcome.output)
 
 
-async def cancel_stopped(store: DurableTaskStore, key: str, *, lease_ttl: float,
-                         clock: Callable[[], datetime]) -> bool:
-    """Cancel a ``recovery_required`` task under its lease in one commit, without
-    running it (a run would stop at its uncertain actions). False when the task is no
-    longer ``recovery_required`` (an operator resolved it meanwhile); True otherwise,
-    also when another worker took the lease (the cancel request stays for it)."""
+def canceler_id(key: str) -> str:
+    """The worker id an operator's cancel runs or leases the task under: ``canceler:KEY``,
+    or for a key too long for a worker id (200 characters) a digest of the key instead."""
     worker = f"canceler:{key}"
+    if len(worker) <= 200:
+        return worker
+    return "canceler:sha256:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+async def cancel_stopped(store: DurableTaskStore, key: str, *, lease_ttl: float,
+                         clock: Callable[[], datetime], idle: bool = False) -> bool:
+    """Cancel a task nobody runs in one commit under its lease, without running it.
+
+    By default only a ``recovery_required`` task (a run would stop at its uncertain
+    actions). With ``idle``, also a ``pending`` or ``running`` one whose lease is free, for
+    when no run can apply the cancel (the catalog no longer has what the task pinned). Its
+    open nodes become ``canceled`` and actions never dispatched ``rejected``; uncertain
+    actions stay in the ledger and are named. An action a crashed run left
+    ``dispatching`` may have taken effect, and no run looked it up: it becomes
+    ``uncertain`` and the task ``recovery_required`` instead (canceling it again then
+    cancels it), as a run's own stop does.
+
+    False when the task is in neither state any more (an operator resolved it, a worker
+    ended it meanwhile); True otherwise, also when another worker took the lease (the
+    cancel request stays for it)."""
+    worker = canceler_id(key)
     try:
         grant = await store.acquire_lease(AcquireLeaseRequest(
             key=key, worker_id=worker, ttl_seconds=lease_ttl, now=clock(),
@@ -291,34 +311,71 @@ async def cancel_stopped(store: DurableTaskStore, key: str, *, lease_ttl: float,
     try:
         snapshot = grant.snapshot or await store.get_task(key)
         assert snapshot is not None
-        if snapshot.header.status != "recovery_required":
+        allowed = ("recovery_required", "pending", "running") if idle else \
+            ("recovery_required",)
+        if snapshot.header.status not in allowed:
             await _release(store, key, worker, grant.fence, clock)
             return False
         # Nothing is written over damage (the lease is given back by the handler below).
         check_snapshot(snapshot, await verified_identity(store, key,
                                                          snapshot.header.identity_digest))
-        cancel = snapshot.header.cancel
-        why = cancel.reason if cancel is not None else "canceled"
-        stuck = sorted(a.action_id for a in snapshot.actions.values()
-                       if a.state == "uncertain")
-        info = TaskCanceledError(
-            f"task {key!r} was canceled: {why}"
-            + (f"; the outcome of action(s) {', '.join(stuck)} stays unknown, so check "
-               "their destinations" if stuck else ""),
-            details={"reason": why, "uncertain_actions": stuck}).to_info()
-        steps: list[Step] = [SettleNode(node_id=node_id, state="canceled", error=info)
-                             for node_id, rec in sorted(snapshot.nodes.items())
-                             if rec.state not in TERMINAL_NODE]
-        steps.append(SetStatus(status="canceled", error=info, release_lease=True))
-        await store.commit(CommitRequest(key=key, worker_id=worker,
-                                              fence=grant.fence, now=clock(),
-                                              steps=tuple(steps)))
+        await store.commit(CommitRequest(key=key, worker_id=worker, fence=grant.fence,
+                                         now=clock(),
+                                         steps=_cancel_steps(snapshot, grant.fence)))
     except StaleFenceError as exc:
         log.info("task %s: cancel recorded; a worker will apply it (%s)", key, exc)
     except BaseException:
         await _release(store, key, worker, grant.fence, clock)
         raise
     return True
+
+
+def _cancel_steps(snapshot: TaskSnapshot, fence: int) -> tuple[Step, ...]:
+    key = snapshot.header.key
+    cancel = snapshot.header.cancel
+    why = cancel.reason if cancel is not None else "canceled"
+    open_nodes = {node_id for node_id, rec in snapshot.nodes.items()
+                  if rec.state not in TERMINAL_NODE}
+    actions = sorted(snapshot.actions.values(), key=lambda a: a.action_id)
+    steps: list[Step] = []
+    reason = ("its dispatch was interrupted by a crash and the task was canceled before a "
+              "run looked it up")
+    interrupted = [a for a in actions if a.state == "dispatching"]
+    for action in interrupted:
+        steps.append(RecordAction(action=action.model_copy(update={
+            "state": "uncertain", "fence": fence, "reason": reason})))
+    stuck = sorted(a.action_id for a in actions if a.state in ("uncertain", "dispatching"))
+    if interrupted and snapshot.header.status != "recovery_required":
+        # Never hidden by a cancel: the task waits for an operator, who may cancel again.
+        by_node: dict[str, list[str]] = {}
+        for action in interrupted:
+            by_node.setdefault(action.node_id, []).append(action.action_id)
+        for node_id, ids in sorted(by_node.items()):
+            if snapshot.nodes[node_id].state in ("prepared", "running") if \
+                    node_id in snapshot.nodes else False:
+                steps.append(SettleNode(node_id=node_id, state="uncertain", error=ErrorInfo(
+                    code="effect_uncertain", node_id=node_id,
+                    message=f"outcome of action(s) {', '.join(ids)} is unknown: {reason}",
+                    details={"action_ids": ids})))
+        error = DurableRecoveryRequiredError(key, stuck)
+        steps.append(SetStatus(status="recovery_required", release_lease=True,
+                               error=ErrorInfo(code=error.code, message=str(error),
+                                               details={"action_ids": stuck})))
+        return tuple(steps)
+    info = TaskCanceledError(
+        f"task {key!r} was canceled: {why}"
+        + (f"; the outcome of action(s) {', '.join(stuck)} stays unknown, so check "
+           "their destinations" if stuck else ""),
+        details={"reason": why, "uncertain_actions": stuck}).to_info()
+    for action in actions:
+        if action.state == "intent":  # never dispatched, and now never will be
+            steps.append(RecordAction(action=action.model_copy(update={
+                "state": "rejected", "fence": fence,
+                "reason": "not dispatched: the task was canceled"})))
+    steps.extend(SettleNode(node_id=node_id, state="canceled", error=info)
+                 for node_id in sorted(open_nodes))
+    steps.append(SetStatus(status="canceled", error=info, release_lease=True))
+    return tuple(steps)
 
 
 async def _release(store: DurableTaskStore, key: str, worker: str, fence: int,

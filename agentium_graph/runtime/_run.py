@@ -298,7 +298,7 @@ class TaskRun:
             if self.stop is None:
                 self._request_ready(steps, pending)
                 launch = self._start_granted(steps, pending)
-            final = final_steps(self, bool(launch))
+            final = final_steps(self, bool(launch), steps)
             steps.extend(final)
             self.finishing = bool(final)  # a lease lost meanwhile no longer stops the run
             if steps or self.pending_acquire is not None:

@@ -284,7 +284,9 @@ def _failed_containers(run: TaskRun, stop: Stop) -> dict[str, ErrorInfo]:
     return failed
 
 
-def final_steps(run: TaskRun, launching: bool) -> list[Step]:
+def final_steps(run: TaskRun, launching: bool, turn: list[Step]) -> list[Step]:
+    """The steps that end the run, or none while work remains; ``turn``: the steps
+    this turn's commit already carries."""
     if run.running or launching or run.planning is not None or \
             (run.ready and run.stop is None):
         return []
@@ -299,6 +301,8 @@ def final_steps(run: TaskRun, launching: bool) -> list[Step]:
     if hidden:
         stop = _surface(run, stop, hidden, steps)
     failed = _failed_containers(run, stop)
+    if stop.reason not in ("budget", "recovery"):
+        _reject_undispatched(run, stop, steps, turn)
     for node_id in run.graph.order:
         if node_id not in run.closed and stop.reason not in ("budget", "recovery"):
             error = failed.get(node_id)
@@ -321,6 +325,20 @@ def final_steps(run: TaskRun, launching: bool) -> list[Step]:
         steps.append(SetStatus(status="failed", error=stop.info or stop.error.to_info(),
                                release_lease=True))
     return steps
+
+
+def _reject_undispatched(run: TaskRun, stop: Stop, steps: list[Step],
+                         turn: list[Step]) -> None:
+    """An action still ``intent`` when the task ends was never dispatched (one an operator
+    attested absent, then the task was canceled; one whose node was stopped between its
+    start and its dispatch): it becomes ``rejected``, so no ended task lists a pending
+    action nothing will ever move on."""
+    latest = {s.action.action_id: s.action.state for s in turn if isinstance(s, RecordAction)}
+    for action in sorted(run.actions.values(), key=lambda a: a.action_id):
+        if latest.get(action.action_id, action.state) == "intent":
+            steps.append(RecordAction(action=action.model_copy(update={
+                "state": "rejected", "fence": run.fence,
+                "reason": f"not dispatched: the task stopped ({stop.reason})"})))
 
 
 def _unreconciled(run: TaskRun, stop: Stop) -> dict[str, list[ActionRecord]]:

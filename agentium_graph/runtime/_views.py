@@ -48,7 +48,7 @@ class PlannerView(_View):
     ``state``: ``planning`` until the plan is settled (also between runs), ``planned`` once
     it is (complete mode: revision 1 committed; stream mode: the stream sealed),
     ``failed`` / ``canceled`` when the task ended before that. ``calls``: provider calls
-    (stream mode: charged and made, or interrupted; complete mode: answers received).
+    charged (each before it was made), whether an answer came or not.
     ``proposals``: answers (complete) or frames (stream) judged so far, accepted or
     rejected; ``rejected`` of them were sent back with diagnostics. ``plan_digest``: the
     latest committed plan's blob. ``last_diagnostics``: why the latest rejected answer was
