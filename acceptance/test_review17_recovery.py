@@ -427,8 +427,9 @@ async def test_a_cancel_after_a_kill_before_dispatch_surfaces_the_intent(
     after = await worker.snapshot()
     assert after.header.status == "canceled" and after.nodes["pay"].state == "canceled"
     assert worker.calls("dispatch") == 0 and not worker.applied()
-    # Proved absent by the operator and never dispatched since: the ledger keeps the intent.
-    assert only_action(after).state == "intent"
+    # Proved absent by the operator and never dispatched since: the ended task closes the
+    # intent as rejected (review 21), so it lists no action that nothing will move on.
+    assert only_action(after).state == "rejected"
     view = await worker.inspect()
-    assert view.verified and not view.uncertain_actions, view
+    assert view.verified and not view.uncertain_actions and not view.pending_actions, view
     check_books(snap, after)

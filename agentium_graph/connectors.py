@@ -16,7 +16,13 @@ from agentium_graph.errors import ConfigurationError, config_error, positional
 
 
 class ActionRequest(BaseModel):
-    """What a connector receives. ``result_ref`` is set (to the action id) before dispatch."""
+    """What a connector receives. ``result_ref`` is set (to the action id) before dispatch.
+
+    ``fence``: the lease fence of the run dispatching it, and ``dispatch``: which dispatch
+    of the action this is (1, then 2 after a lookup proved it absent), both set by the
+    runtime (None in a request built by hand). A destination that keeps the highest fence
+    it saw per action id can refuse a late dispatch from a worker that lost its lease
+    (paused past its TTL) after a newer one already dispatched again."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -27,6 +33,8 @@ class ActionRequest(BaseModel):
     args: dict[str, Any]
     destination: str
     caller: dict[str, Any]
+    fence: int | None = None
+    dispatch: int | None = None
 
 
 class ActionOutcome(BaseModel):

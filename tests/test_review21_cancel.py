@@ -151,3 +151,20 @@ async def test_an_interrupted_dispatch_is_never_hidden_by_a_cancel_without_runni
     assert view.status == "canceled" and view.error is not None
     assert view.error.details["uncertain_actions"] == [action_id]
     assert [a.state for a in view.actions] == ["uncertain"]  # the evidence stays
+
+
+async def test_a_dispatch_carries_its_fence_and_number() -> None:
+    dest = Destination()
+    store = CrashOnReceipt()
+    conn = FakeConnector(dest)
+    await runtime(conn, store).create("p", program(PLAN))
+    with pytest.raises(Crash):
+        await runtime(conn, store).run("p", worker_id="w1")
+    dest.accepted.clear()  # provably absent: dispatched again by the next worker
+    fresh = FakeConnector(dest)
+    await runtime(fresh, store).run("p", worker_id="w1")
+    [first], [second] = conn.dispatched, fresh.dispatched
+    assert (first.dispatch, second.dispatch) == (1, 2)
+    assert first.fence is not None and second.fence is not None
+    assert second.fence > first.fence  # a destination can refuse the older one after this
+    assert first.action_id == second.action_id

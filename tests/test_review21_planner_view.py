@@ -72,3 +72,13 @@ async def test_a_call_whose_provider_raised_is_counted_as_charged() -> None:
     assert view.planner is not None and view.planner.state == "failed"
     assert view.planner.calls == view.counters["model_calls"] == 1
     assert (view.planner.proposals, view.planner.rejected) == (0, 0)
+
+
+async def test_a_completed_task_returns_its_output_in_the_same_order_every_time() -> None:
+    plan = {"schemaVersion": 1, "revision": 1,
+            "nodes": [node("usd"), node("gbp"), node("aud")]}
+    rt = ExecutionGraphRuntime(catalog=CATALOG)
+    await rt.create("k", ExecutionGraphProgram(id="p", version="1", plan=plan))
+    first = await rt.run("k")
+    again = await rt.run("k")  # retained: no dispatch
+    assert list(first.output) == list(again.output) == ["aud", "gbp", "usd"]

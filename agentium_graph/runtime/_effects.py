@@ -129,10 +129,6 @@ async def execute_effect(run: TaskRun, node: NodeSpec, args: dict[str, Any], *,
         permit = run.running[node.id].ticket
     act = action_id_for(run, rec, binding, args, call_id)
     action = run.actions[act]
-    request = ActionRequest(action_id=act, result_ref=action.result_ref, binding_id=binding.id,
-                            binding_version=binding.version, args=args,
-                            destination=str(binding.destination),
-                            caller={"task": run.key, "node": node.id, "call": call_id})
     if action.state == "confirmed":
         return await _reuse_receipt(run, node, action)
     if action.state == "dispatching" and action.fence < run.fence:
@@ -160,6 +156,11 @@ async def execute_effect(run: TaskRun, node: NodeSpec, args: dict[str, Any], *,
             # The run began stopping while this waited for its permit or its charge.
             return _not_dispatched_again(run, action, verdict)
         action = again
+    request = ActionRequest(action_id=act, result_ref=action.result_ref, binding_id=binding.id,
+                            binding_version=binding.version, args=args,
+                            destination=str(binding.destination),
+                            caller={"task": run.key, "node": node.id, "call": call_id},
+                            fence=action.fence, dispatch=action.dispatches)
     return await _dispatch(run, node, connector, request, action, permit)
 
 

@@ -729,7 +729,9 @@ class TaskRun:
                           revision=self.header.revision, counters=dict(self.header.counters))
 
     def top_outputs(self) -> dict[str, Any]:
-        return {n: self.outputs[n] for n in self.graph.root.members if n in self.outputs}
+        # In node-id order, as a completed task's retained output: the same on every run.
+        return {n: self.outputs[n] for n in sorted(self.graph.root.members)
+                if n in self.outputs}
 
     async def _wait(self) -> None:
         if self.finished or self.submissions or self.lost is not None or self.again:

@@ -739,7 +739,8 @@ class ExecutionGraphRuntime(OperatorAPI):
         snapshot = await self.store.get_task(key)
         assert snapshot is not None
         outputs = await self._load_outputs(snapshot)
-        top = {n: outputs[n] for n, rec in snapshot.nodes.items()
+        # In node-id order, as a live run returns it: the same on every store and run.
+        top = {n: outputs[n] for n, rec in sorted(snapshot.nodes.items())
                if rec.parent is None and n in outputs}
         return TaskResult(key=key, status="completed", output=top,
                           revision=snapshot.header.revision,
