@@ -84,18 +84,26 @@ async def test_a_task_this_catalog_cannot_run_is_canceled_without_running() -> N
     assert view.lease is None  # the canceler gave its lease back
 
 
-async def test_cancel_recorded_then_absent_then_run_closes_the_intent() -> None:
-    dest = Destination()
-    store = CrashOnReceipt()
+async def crashed_then_uncertain(dest: Destination, store: CrashOnReceipt, *,
+                                 absent: bool) -> tuple[ExecutionGraphRuntime, str]:
+    """A charge whose receipt a crash lost, which the next run could not look up: the task
+    is recovery_required. ``absent``: the destination lost the charge meanwhile."""
     conn = FakeConnector(dest)
     await runtime(conn, store).create("p", program(PLAN))
     with pytest.raises(Crash):
         await runtime(conn, store).run("p")
-    dest.accepted.clear()
+    if absent:
+        dest.accepted.clear()
     rt = runtime(FakeConnector(dest, lookups=["unknown"] * 3), store)
     with pytest.raises(DurableRecoveryRequiredError):
         await rt.run("p")
-    action_id = conn.dispatched[0].action_id
+    return rt, conn.dispatched[0].action_id
+
+
+async def test_cancel_recorded_then_absent_then_run_closes_the_intent() -> None:
+    dest = Destination()
+    store = CrashOnReceipt()
+    rt, action_id = await crashed_then_uncertain(dest, store, absent=True)
     # A cancel recorded by someone else (the store only, as the CLI would while a worker
     # still held the lease), then an operator attests the effect absent.
     await store.request_cancel(CancelTaskRequest(key="p", reason="stop",
@@ -114,16 +122,8 @@ async def test_cancel_recorded_then_absent_then_run_closes_the_intent() -> None:
 
 
 async def test_absent_then_cancel_from_a_catalog_without_the_binding() -> None:
-    dest = Destination()
     store = CrashOnReceipt()
-    conn = FakeConnector(dest)
-    await runtime(conn, store).create("p", program(PLAN))
-    with pytest.raises(Crash):
-        await runtime(conn, store).run("p")
-    rt = runtime(FakeConnector(dest, lookups=["unknown"] * 3), store)
-    with pytest.raises(DurableRecoveryRequiredError):
-        await rt.run("p")
-    action_id = conn.dispatched[0].action_id
+    rt, action_id = await crashed_then_uncertain(Destination(), store, absent=False)
     await rt.resolve_action("p", action_id, Absent(), actor="ops")
     other = ExecutionGraphRuntime(catalog=tool_catalog("1"), store=store)  # no "pay"
     view = await other.cancel("p", reason="retired")
