@@ -340,28 +340,15 @@ async def test_planner_plan_committed_then_effect_reconciled(worker: Worker) -> 
 
 # -- a stop observed by the run after a crash ------------------------------------------------
 
-async def resolve(worker: Worker, action_id: str, output: Any) -> None:
-    from agentium_graph import ActionOutcome
-
-    store = open_store(worker.spec)
-    try:
-        runtime = ExecutionGraphRuntime(catalog=HostCatalog([]), store=store)
-        await runtime.resolve_action(worker.key, action_id, ActionOutcome(
-            output=output, result_ref=action_id), actor="oncall")
-    finally:
-        await store.close()
-
-
-def not_hidden(snap: TaskSnapshot, out: dict[str, Any], node: str) -> str:
-    """The action a crash left ``dispatching`` is reconciled (confirmed) or surfaced
-    (``recovery_required`` naming it), never left ``dispatching`` in an ended task."""
+def looked_up(snap: TaskSnapshot, out: dict[str, Any], node: str, state: str) -> str:
+    """The action a crash left ``dispatching`` was looked up as the run stopped (stop 23),
+    never left ``dispatching`` in an ended task: ``confirmed`` with the receipt the lookup
+    found, or ``rejected`` when it proved the action absent. Returns its id."""
     action = only_action(snap)
-    if action.state == "confirmed":  # reconciled by a lookup before the stop
-        return action.action_id
-    assert out["error"] == "DurableRecoveryRequiredError", out
-    assert out["details"]["action_ids"] == [action.action_id]
-    assert snap.header.status == "recovery_required"
-    assert action.state == "uncertain" and snap.nodes[node].state == "uncertain"
+    assert action.state == state, action
+    assert action.outcome_source == ("reconcile" if state == "confirmed" else None), action
+    assert snap.header.status in ("canceled", "failed"), (snap.header, out)
+    assert snap.nodes[node].state != "uncertain"
     return action.action_id
 
 
@@ -370,23 +357,19 @@ async def test_a_cancel_after_a_crash_never_hides_an_applied_dispatch(
         worker: Worker, graph: str, node: str) -> None:
     worker.killed(graph=graph, create=True, connector_kill="dispatch_after_apply")
     worker.ok(graph=graph, op="cancel")  # recorded while nobody runs the task
+    crashed = await worker.snapshot()
     code, out, err = worker.run(graph=graph)
-    assert code == 0 and out is not None and not out["ok"], (out, err)
+    assert code == 0 and out is not None and out["error"] == "TaskCanceledError", (out, err)
     snap = await worker.snapshot()
     assert worker.calls("dispatch") == 1  # never dispatched again
-    action_id = not_hidden(snap, out, node)
+    action_id = looked_up(snap, out, node, "confirmed")
+    assert snap.header.status == "canceled"
+    # An effect node completes with the receipt; an agent stopped by the cancel does not.
+    assert snap.nodes[node].state == ("completed" if graph == "effect" else "canceled")
     view = await worker.inspect()
-    assert view.verified, view.problems
-    if snap.header.status == "recovery_required":
-        assert [a.action_id for a in view.uncertain_actions] == [action_id]
-        await resolve(worker, action_id, {"charged": AMOUNT})
-        code, out, err = worker.run(graph=graph)  # the recorded cancel applies now
-        assert out is not None and out["error"] == "TaskCanceledError", (out, err)
-    after = await worker.snapshot()
-    assert after.header.status == "canceled"
-    assert only_action(after).state == "confirmed" and not view.pending_actions
+    assert view.verified and not view.pending_actions and not view.uncertain_actions, view
     assert worker.applied() == Counter({action_id: 1}) and worker.calls("dispatch") == 1
-    check_books(snap, after)
+    check_books(crashed, snap)
 
 
 async def test_a_deadline_passed_after_a_crash_never_hides_an_applied_dispatch(
@@ -396,40 +379,31 @@ async def test_a_deadline_passed_after_a_crash_never_hides_an_applied_dispatch(
     worker.killed(create=True, connector_kill="dispatch_after_apply", deadline_s=2.0)
     time.sleep(2.2)  # noqa: ASYNC251 - the deadline must pass while nobody runs the task
     code, out, err = worker.run()
-    assert code == 0 and out is not None and not out["ok"], (out, err)
+    assert code == 0 and out is not None and out["error"] == "DeadlineExceededError", \
+        (out, err)
     snap = await worker.snapshot()
-    action_id = not_hidden(snap, out, "pay")
+    action_id = looked_up(snap, out, "pay", "confirmed")
+    assert snap.header.status == "failed" and snap.nodes["pay"].state == "completed"
     assert worker.calls("dispatch") == 1 and worker.applied() == Counter({action_id: 1})
     view = await worker.inspect()
     assert view.verified and not view.pending_actions, view
 
 
-async def test_a_cancel_after_a_kill_before_dispatch_surfaces_the_intent(
+async def test_a_cancel_after_a_kill_before_dispatch_rejects_the_intent(
         worker: Worker) -> None:
-    # Nothing reached the destination, but only a lookup could tell: never hidden either.
-    from agentium_graph import Absent
-
+    # Nothing reached the destination; the lookup the stop makes proves it absent, so the
+    # action is rejected (never dispatched) and the task canceled at once.
     worker.killed(create=True, kill_at="after_intent_commit")
     worker.ok(op="cancel")
+    crashed = await worker.snapshot()
     code, out, err = worker.run()
-    assert code == 0 and out is not None and not out["ok"], (out, err)
+    assert code == 0 and out is not None and out["error"] == "TaskCanceledError", (out, err)
     snap = await worker.snapshot()
     assert worker.calls("dispatch") == 0 and not worker.applied()
-    action_id = not_hidden(snap, out, "pay")
-    store = open_store(worker.spec)
-    try:
-        runtime = ExecutionGraphRuntime(catalog=HostCatalog([]), store=store)
-        await runtime.resolve_action(worker.key, action_id, Absent(), actor="oncall")
-    finally:
-        await store.close()
-    code, out, err = worker.run()  # the recorded cancel applies: nothing is dispatched
-    assert out is not None and out["error"] == "TaskCanceledError", (out, err)
-    after = await worker.snapshot()
-    assert after.header.status == "canceled" and after.nodes["pay"].state == "canceled"
-    assert worker.calls("dispatch") == 0 and not worker.applied()
-    # Proved absent by the operator and never dispatched since: the ended task closes the
-    # intent as rejected (review 21), so it lists no action that nothing will move on.
-    assert only_action(after).state == "rejected"
+    looked_up(snap, out, "pay", "rejected")
+    check_books(crashed, snap)
+    assert snap.header.status == "canceled" and snap.nodes["pay"].state == "canceled"
+    reason = only_action(snap).reason
+    assert reason is not None and "proved absent" in reason
     view = await worker.inspect()
     assert view.verified and not view.uncertain_actions and not view.pending_actions, view
-    check_books(snap, after)

@@ -19,10 +19,12 @@ class ActionRequest(BaseModel):
     """What a connector receives. ``result_ref`` is set (to the action id) before dispatch.
 
     ``fence``: the lease fence of the run dispatching it, and ``dispatch``: which dispatch
-    of the action this is (1, then 2 after a lookup proved it absent), both set by the
-    runtime (None in a request built by hand). A destination that keeps the highest fence
-    it saw per action id can refuse a late dispatch from a worker that lost its lease
-    (paused past its TTL) after a newer one already dispatched again."""
+    of the action this is (1, and one more for each dispatch again: after a lookup proved it
+    absent, or could not tell for an idempotent destination, or after an operator attested
+    it absent), both set by the runtime (None in a request built by hand). A destination
+    that keeps the highest fence it saw per action id can refuse a late dispatch from a
+    worker that lost its lease (paused past its TTL) after a newer one already dispatched
+    again."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

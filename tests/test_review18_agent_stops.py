@@ -27,7 +27,9 @@ from agentium_graph import (
     InMemoryDurableTaskStore,
     NodeFailedError,
     RootLimits,
+    TaskCanceledError,
     ToolBinding,
+    Unknown,
 )
 from agentium_graph.providers import ScriptedProvider, ScriptedTurn, ToolCall, TurnMatch, Usage
 from agentium_graph.store import AppendJournal, CommitRequest, CommitResult, SettleNode
@@ -180,16 +182,25 @@ class CrashBeforeReceipt(InMemoryDurableTaskStore):
         return await super().get_blobs(digests)
 
 
+class Unsure(Destination):
+    """A destination that cannot say whether an action it may have applied happened."""
+
+    async def resolve_result(self, result_ref: str) -> Any:
+        return Unknown(reason="the destination's log is unavailable")
+
+
+@pytest.mark.parametrize("lookup", ["finds it", "cannot tell"])
 async def test_a_cancel_before_the_agent_reached_an_interrupted_dispatch_does_not_hide_it(
-        ) -> None:
+        lookup: str) -> None:
     # The agent's connector call was dispatched (and applied) when the worker died. The
     # next run was canceled while the agent replayed its conversation toward that call: the
     # agent ended 'canceled', the task 'canceled', and the action stayed 'dispatching' in an
-    # ended task, which no run reconciles and no operator can resolve. As for an effect
-    # node, the stop now surfaces it: the action and its node become uncertain and the task
-    # recovery_required.
+    # ended task, which no run reconciles and no operator can resolve. The stop now looks
+    # the action up first (stop 23): a receipt found is recorded and the task ends
+    # canceled; an outcome the lookup cannot tell is surfaced: the action and its node
+    # become uncertain and the task recovery_required.
     store = CrashBeforeReceipt()
-    destination = Destination()
+    destination = Destination() if lookup == "finds it" else Unsure()
 
     def catalog() -> HostCatalog:
         provider = ScriptedProvider([
@@ -208,15 +219,23 @@ async def test_a_cancel_before_the_agent_reached_an_interrupted_dispatch_does_no
     assert len(destination.applied) == 1
     second = ExecutionGraphRuntime(catalog=catalog(), store=store)
     store.rt, store.mode = second, "cancel"
-    with pytest.raises(DurableRecoveryRequiredError) as info:
+    expected = TaskCanceledError if lookup == "finds it" else DurableRecoveryRequiredError
+    with pytest.raises(expected) as info:
         await asyncio.wait_for(second.run("k", "w1"), 10)
     assert store.mode == "canceled"
-    (action,) = (await second.inspect("k")).actions
-    assert info.value.details["action_ids"] == [action.action_id]
     view = await second.inspect("k")
-    assert view.status == "recovery_required" and view.nodes["a"].state == "uncertain"
-    assert action.state == "uncertain" and view.cancel is not None
+    (action,) = view.actions
+    assert view.cancel is not None
     assert len(destination.applied) == 1  # never dispatched again
+    if lookup == "finds it":
+        assert view.status == "canceled" and view.nodes["a"].state == "canceled"
+        assert action.state == "confirmed" and action.outcome_source == "reconcile"
+        assert action.outcome_digest is not None
+        return
+    assert info.value.details["action_ids"] == [action.action_id]
+    assert view.status == "recovery_required" and view.nodes["a"].state == "uncertain"
+    assert action.state == "uncertain"
+    assert action.reason is not None and "log is unavailable" in action.reason
 
 
 async def test_a_child_failing_while_the_run_stops_for_another_failure_fails_its_container(

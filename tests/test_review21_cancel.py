@@ -51,11 +51,15 @@ class Clock:
 
 
 def test_canceler_id_fits_a_worker_id_for_every_key_length() -> None:
-    assert canceler_id("order-1") == "canceler:order-1"
-    assert canceler_id("k" * 191) == "canceler:" + "k" * 191
-    long = canceler_id("k" * 200)
-    assert len(long) <= 200 and long.startswith("canceler:sha256:")
-    assert long != canceler_id("k" * 199 + "j")  # distinct keys, distinct ids
+    short = canceler_id("order-1")
+    assert short.startswith("canceler:order-1:") and len(short) == len("canceler:order-1:") + 8
+    assert canceler_id("k" * 182).startswith("canceler:" + "k" * 182 + ":")
+    for key in ("k" * 183, "k" * 200, "k" * 10_000):
+        long = canceler_id(key)
+        assert len(long) <= 200 and long.startswith("canceler:sha256:"), key
+    assert canceler_id("k" * 200).split(":")[2] != canceler_id("k" * 199 + "j").split(":")[2]
+    # A new id for every cancel: two cancels never share a lease (stop 23).
+    assert canceler_id("order-1") != canceler_id("order-1")
 
 
 @pytest.mark.parametrize("length", [191, 192, 200])

@@ -23,6 +23,7 @@ from agentium_graph.errors import (
     NodeFailedError,
     PlannerFailedError,
     PlanValidationError,
+    StaleFenceError,
     TaskCanceledError,
     TaskNotFoundError,
 )
@@ -101,11 +102,13 @@ class OperatorAPI:
         ``recovery_required``: its open nodes become ``canceled`` and its uncertain actions
         stay ``uncertain`` in the ledger (append-only evidence, listed by ``inspect``),
         so check their destinations; nothing is dispatched or looked up. Any other such
-        task is run here until the cancel is observed (effects a crashed worker left are
-        looked up first); when this runtime's catalog cannot run it (it no longer registers
-        a binding the task pinned), it is canceled without running, and an effect a crash
-        left dispatching makes it ``recovery_required`` instead (cancel again to end it). A
-        task another worker holds the lease of is canceled by that worker (or by whoever
+        task is run here, under a worker id of this cancel's own, until the cancel is
+        observed (effects a crashed worker left dispatching are looked up before their
+        nodes are closed); when this runtime's catalog cannot run it (it no longer
+        registers a binding the task pinned), it is canceled without running, and an
+        effect a crash left dispatching, which it cannot look up, makes it
+        ``recovery_required`` instead (cancel again to end it). A task another worker
+        holds the lease of (or takes meanwhile) is canceled by that worker (or by whoever
         runs it next).
         Canceling an ended task changes nothing; the first reason recorded wins.
         """
@@ -126,8 +129,9 @@ class OperatorAPI:
             header = await self._header(key)  # resolved meanwhile: cancel it as any other
         if header.status not in ("completed", "failed", "canceled", "recovery_required") and \
                 self._lease_free(header):
+            worker = canceler_id(key)  # this cancel's own: never another process's
             try:
-                await self.run(key, worker_id=canceler_id(key))
+                await self.run(key, worker_id=worker)
             except TaskCanceledError:
                 pass
             except (DescriptorMismatchError, ConfigurationError) as exc:
@@ -136,8 +140,10 @@ class OperatorAPI:
                 log.info("task %s: cannot be run here to apply the cancel (%s); canceling "
                          "it without running it", key, exc)
                 await cancel_stopped(self.store, key, lease_ttl=self.lease_ttl,
-                                     clock=self.clock, idle=True)
-            except (LeaseHeldError, DurableRecoveryRequiredError) as exc:
+                                     clock=self.clock, idle=True, worker=worker)
+            except (LeaseHeldError, StaleFenceError, DurableRecoveryRequiredError) as exc:
+                # Another worker took the task meanwhile (or this run's lease expired): it
+                # observes the recorded cancel.
                 log.info("task %s: cancel recorded; a worker will apply it (%s)", key, exc)
             except (NodeFailedError, DeadlineExceededError, PlannerFailedError,
                     PlanValidationError) as exc:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import secrets
 from collections.abc import Callable
 from datetime import datetime
 
@@ -276,16 +277,22 @@ def _checked_output(key: str, action: ActionRecord, outcome: ActionOutcome,
 
 
 def canceler_id(key: str) -> str:
-    """The worker id an operator's cancel runs or leases the task under: ``canceler:KEY``,
-    or for a key too long for a worker id (200 characters) a digest of the key instead."""
-    worker = f"canceler:{key}"
+    """A worker id for one operator's cancel to run or lease the task under:
+    ``canceler:KEY:NONCE`` (or ``canceler:sha256:DIGEST:NONCE`` for a key too long for a
+    worker id's 200 characters). The nonce is new for every cancel: a store hands a live
+    lease over to the worker id holding it (a restarted worker), so two cancels sharing one
+    id, in two processes, would take the task from each other mid-commit."""
+    nonce = secrets.token_hex(4)
+    worker = f"canceler:{key}:{nonce}"
     if len(worker) <= 200:
         return worker
-    return "canceler:sha256:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+    hashed = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"canceler:sha256:{hashed}:{nonce}"
 
 
 async def cancel_stopped(store: DurableTaskStore, key: str, *, lease_ttl: float,
-                         clock: Callable[[], datetime], idle: bool = False) -> bool:
+                         clock: Callable[[], datetime], idle: bool = False,
+                         worker: str | None = None) -> bool:
     """Cancel a task nobody runs in one commit under its lease, without running it.
 
     By default only a ``recovery_required`` task (a run would stop at its uncertain
@@ -300,7 +307,7 @@ async def cancel_stopped(store: DurableTaskStore, key: str, *, lease_ttl: float,
     False when the task is in neither state any more (an operator resolved it, a worker
     ended it meanwhile); True otherwise, also when another worker took the lease (the
     cancel request stays for it)."""
-    worker = canceler_id(key)
+    worker = canceler_id(key) if worker is None else worker
     try:
         grant = await store.acquire_lease(AcquireLeaseRequest(
             key=key, worker_id=worker, ttl_seconds=lease_ttl, now=clock(),
@@ -321,7 +328,8 @@ async def cancel_stopped(store: DurableTaskStore, key: str, *, lease_ttl: float,
                                                          snapshot.header.identity_digest))
         await store.commit(CommitRequest(key=key, worker_id=worker, fence=grant.fence,
                                          now=clock(),
-                                         steps=_cancel_steps(snapshot, grant.fence)))
+                                         steps=_cancel_steps(snapshot, grant.fence,
+                                                             idle)))
     except StaleFenceError as exc:
         log.info("task %s: cancel recorded; a worker will apply it (%s)", key, exc)
     except BaseException:
@@ -330,7 +338,7 @@ async def cancel_stopped(store: DurableTaskStore, key: str, *, lease_ttl: float,
     return True
 
 
-def _cancel_steps(snapshot: TaskSnapshot, fence: int) -> tuple[Step, ...]:
+def _cancel_steps(snapshot: TaskSnapshot, fence: int, idle: bool) -> tuple[Step, ...]:
     key = snapshot.header.key
     cancel = snapshot.header.cancel
     why = cancel.reason if cancel is not None else "canceled"
@@ -338,7 +346,10 @@ def _cancel_steps(snapshot: TaskSnapshot, fence: int) -> tuple[Step, ...]:
                   if rec.state not in TERMINAL_NODE}
     actions = sorted(snapshot.actions.values(), key=lambda a: a.action_id)
     steps: list[Step] = []
-    reason = ("its dispatch was interrupted by a crash and the task was canceled before a "
+    reason = ("its dispatch was interrupted by a crash, and the task was canceled by a "
+              "runtime that cannot look it up (its catalog cannot run the task): check the "
+              "destination, then resolve_action or cancel again" if idle else
+              "its dispatch was interrupted by a crash and the task was canceled before a "
               "run looked it up")
     interrupted = [a for a in actions if a.state == "dispatching"]
     for action in interrupted:

@@ -34,6 +34,7 @@ from agentium_graph.errors import (
 from agentium_graph.plan._validate import CompiledPlan
 from agentium_graph.runtime import _containers as containers
 from agentium_graph.runtime import _effects as effects
+from agentium_graph.runtime import _stop_lookups as stop_lookups
 from agentium_graph.runtime._admission import Ticket
 from agentium_graph.runtime._agent import (
     MODEL_KIND,
@@ -167,6 +168,13 @@ class TaskRun:
         self.program = program if program is not None and program.planner is not None and (
             state.header.revision == 0 or program.planner.mode == "stream") else None
         self.planning: asyncio.Task[None] | None = None
+        # Lookups of effects a crash left dispatching, made as a terminal stop closes their
+        # nodes (_stop_lookups): the task, whether they were made, the actions they settled
+        # and what they said of the rest.
+        self.stop_lookup: asyncio.Task[Any] | None = None
+        self.stop_looked = False
+        self.stop_settled: set[str] = set()
+        self.stop_unknown: dict[str, str] = {}
         # Root plan revisions submitted by the planner, installed once committed:
         # (revision, compiled plan, nodes it tombstones, nodes it adds).
         self.proposed: list[tuple[int, CompiledPlan, tuple[str, ...], tuple[str, ...]]] = []
@@ -298,7 +306,8 @@ class TaskRun:
             if self.stop is None:
                 self._request_ready(steps, pending)
                 launch = self._start_granted(steps, pending)
-            final = final_steps(self, bool(launch), steps)
+            looking = stop_lookups.advance(self, steps, blobs, bool(launch))
+            final = [] if looking else final_steps(self, bool(launch), steps)
             steps.extend(final)
             self.finishing = bool(final)  # a lease lost meanwhile no longer stops the run
             if steps or self.pending_acquire is not None:
@@ -410,49 +419,55 @@ class TaskRun:
         for node_id, outcome in finished:
             running = self.running.pop(node_id)
             self.admission.release(running.ticket)
-            if outcome.action is not None:
-                steps.append(RecordAction(action=outcome.action))
-                if outcome.action.outcome_digest and outcome.text is not None:
-                    blobs[outcome.action.outcome_digest] = outcome.text
-            if outcome.state == "budget":
-                # The node stays running (interrupted); a later run reconciles it again.
-                if self.stop is None and isinstance(outcome.exception, AgentiumGraphError):
-                    begin_stop(self, Stop("budget", outcome.exception))
-                continue
-            if outcome.state == "canceled" and outcome.action is None and \
-                    self.stop is not None:
-                # Stopped where it was (canceled, its permit refused, an agent starting no
-                # new call): left open for the stop's final commit, which closes it as it
-                # closes every open node: canceled, uncertain with an effect an earlier run
-                # dispatched that nobody reconciled yet, or left running after a budget or
-                # recovery stop, so the next run resumes it.
-                continue
-            self.closed.add(node_id)
-            if outcome.state == "uncertain":
-                steps.append(SettleNode(node_id=node_id, state="uncertain",
-                                        error=outcome.error))
-                self.uncertain.append(outcome.action.action_id if outcome.action else node_id)
-                if self.stop is None or self.stop.reason != "recovery":
-                    begin_stop(self, recovery_stop(self))
-                continue
-            if outcome.state == "completed":
-                assert outcome.text is not None and outcome.digest is not None
-                blobs[outcome.digest] = outcome.text
-                self.outputs[node_id] = outcome.output
-                self.mark_done(node_id)
-                steps.append(node_completed(node_id, outcome.digest))
-            elif outcome.state == "canceled":
-                steps.append(SettleNode(node_id=node_id, state="canceled",
-                                        error=self.stop.error.to_info() if self.stop else None))
+            self.settle(node_id, outcome, steps, blobs)
+
+    def settle(self, node_id: str, outcome: Outcome, steps: list[Step],
+               blobs: dict[str, str]) -> None:
+        """The steps that record how a node's work ended (its task's, or a lookup's as the
+        run stops: :mod:`_stop_lookups`), and the stop it causes."""
+        if outcome.action is not None:
+            steps.append(RecordAction(action=outcome.action))
+            if outcome.action.outcome_digest and outcome.text is not None:
+                blobs[outcome.action.outcome_digest] = outcome.text
+        if outcome.state == "budget":
+            # The node stays running (interrupted); a later run reconciles it again.
+            if self.stop is None and isinstance(outcome.exception, AgentiumGraphError):
+                begin_stop(self, Stop("budget", outcome.exception))
+            return
+        if outcome.state == "canceled" and outcome.action is None and \
+                self.stop is not None:
+            # Stopped where it was (canceled, its permit refused, an agent starting no
+            # new call): left open for the stop's final commit, which closes it as it
+            # closes every open node: canceled, uncertain with an effect an earlier run
+            # dispatched that nobody reconciled yet, or left running after a budget or
+            # recovery stop, so the next run resumes it.
+            return
+        self.closed.add(node_id)
+        if outcome.state == "uncertain":
+            steps.append(SettleNode(node_id=node_id, state="uncertain",
+                                    error=outcome.error))
+            self.uncertain.append(outcome.action.action_id if outcome.action else node_id)
+            if self.stop is None or self.stop.reason != "recovery":
+                begin_stop(self, recovery_stop(self))
+            return
+        if outcome.state == "completed":
+            assert outcome.text is not None and outcome.digest is not None
+            blobs[outcome.digest] = outcome.text
+            self.outputs[node_id] = outcome.output
+            self.mark_done(node_id)
+            steps.append(node_completed(node_id, outcome.digest))
+        elif outcome.state == "canceled":
+            steps.append(SettleNode(node_id=node_id, state="canceled",
+                                    error=self.stop.error.to_info() if self.stop else None))
+        else:
+            steps.append(SettleNode(node_id=node_id, state="failed", error=outcome.error))
+            if self.stop is None or self.stop.reason == "budget":  # no longer resumable
+                stop = failure_stop(self, node_id, outcome.error)
+                if outcome.exception is not None:  # in this process: chain the original
+                    stop.error.__cause__ = outcome.exception
+                begin_stop(self, stop)
             else:
-                steps.append(SettleNode(node_id=node_id, state="failed", error=outcome.error))
-                if self.stop is None or self.stop.reason == "budget":  # no longer resumable
-                    stop = failure_stop(self, node_id, outcome.error)
-                    if outcome.exception is not None:  # in this process: chain the original
-                        stop.error.__cause__ = outcome.exception
-                    begin_stop(self, stop)
-                else:
-                    also_failed(self, node_id, outcome.error)
+                also_failed(self, node_id, outcome.error)
 
     # --- admit ----------------------------------------------------------------------
     def _is_ready(self, node: NodeSpec) -> bool:

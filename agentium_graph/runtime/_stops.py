@@ -180,6 +180,9 @@ async def abandon_running(run: TaskRun) -> None:
         if run.planning is not None:
             tasks.append(run.planning)
             run.planning = None
+        if run.stop_lookup is not None:
+            tasks.append(run.stop_lookup)
+            run.stop_lookup = None
         for r in run.running.values():
             r.ctx._cancel.set()
             if r.task is not None:  # its permit is held until the node's code really ends
@@ -353,7 +356,7 @@ def _unreconciled(run: TaskRun, stop: Stop) -> dict[str, list[ActionRecord]]:
         return found  # the task stays resumable: its next run reconciles them
     for action in sorted(run.actions.values(), key=lambda a: a.action_id):
         if action.state == "dispatching" and action.node_id in run.nodes and \
-                action.node_id not in run.closed:
+                action.node_id not in run.closed and action.action_id not in run.stop_settled:
             found.setdefault(action.node_id, []).append(action)
     return found
 
@@ -371,8 +374,11 @@ def _surface(run: TaskRun, stop: Stop, hidden: dict[str, list[ActionRecord]],
     for node_id, actions in hidden.items():
         ids = [a.action_id for a in actions]
         for action in actions:
+            said = run.stop_unknown.get(action.action_id)
             steps.append(RecordAction(action=action.model_copy(update={
-                "state": "uncertain", "reason": reason})))
+                "state": "uncertain", "reason": reason if said is None else
+                "its dispatch was interrupted by a crash, and a lookup as the task was "
+                f"{why} could not tell whether it took effect: {said}"})))
         steps.append(SettleNode(node_id=node_id, state="uncertain", error=ErrorInfo(
             code="effect_uncertain", node_id=node_id,
             message=f"outcome of action(s) {', '.join(ids)} is unknown: {reason}",
