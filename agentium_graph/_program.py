@@ -16,7 +16,7 @@ from pydantic import (
 )
 
 from agentium_graph._canonical import NotJSONError, digest, json_copy
-from agentium_graph._config_base import MAX_LIMIT, IntConfigModel, storable_text
+from agentium_graph._config_base import MAX_LIMIT, IntConfigModel, keywords_only, storable_text
 from agentium_graph._schemarefs import checked_validator
 from agentium_graph.errors import ConfigurationError, config_error, int_only, positional
 from agentium_graph.providers._protocol import shape_problem
@@ -110,8 +110,11 @@ class ExecutionGraphProgram(BaseModel):
     input_schema: dict[str, Any] | None = None
 
     _input_validator: Validator | None = PrivateAttr(default=None)
+    _plan_digest: str | None = PrivateAttr(default=None)
 
-    def __init__(self, /, **data: Any) -> None:
+    def __init__(self, /, *args: Any, **data: Any) -> None:
+        if args:
+            raise ConfigurationError(keywords_only(type(self), len(args)))
         for name in ("plan", "input_schema"):
             if isinstance(data.get(name), dict):
                 try:
@@ -128,6 +131,30 @@ class ExecutionGraphProgram(BaseModel):
         if self.input_schema is not None:
             _, self._input_validator = checked_validator(
                 self.input_schema, f"program {self.id!r}: input_schema", root="input_schema")
+        if self.plan is not None:
+            self._plan_digest = digest(self.plan)
+
+    def checked_plan(self, plan_digest: str | None = None) -> dict[str, Any] | None:
+        """The plan, once it is known to be the one the program was built with.
+
+        The model is frozen, but ``plan`` is a dict a caller could still change in place
+        (``program.plan["nodes"][0]["args"] = ...``) after a catalog pinned its digest: that
+        is refused here, where a plan is compiled or digested, instead of running what no
+        descriptor describes. ``plan_digest``: the plan's digest when the caller has it."""
+        if self.plan is None:
+            return None
+        if plan_digest is None:
+            try:
+                plan_digest = digest(self.plan)
+            except NotJSONError:
+                plan_digest = None
+        if plan_digest != self._plan_digest:
+            raise ConfigurationError(
+                f"program {self.id!r} version {self.version!r}: its plan was changed in place "
+                "after the program was built; a program is immutable: build a new "
+                "ExecutionGraphProgram (and the catalog that uses it) instead",
+                details={"program": self.id, "version": self.version})
+        return self.plan
 
     @property
     def input_validator(self) -> Validator | None:
@@ -145,8 +172,9 @@ class ExecutionGraphProgram(BaseModel):
 
         ``plan_digest``: the plan's digest when the caller already has it (computed from
         the plan's canonical JSON), so the plan is not walked and encoded again."""
-        if plan_digest is None and self.plan is not None:
-            plan_digest = digest(self.plan)
+        if self.plan is not None:
+            self.checked_plan(plan_digest)
+            plan_digest = self._plan_digest
         return {
             "id": self.id,
             "version": self.version,

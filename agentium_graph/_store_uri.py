@@ -127,8 +127,9 @@ def parse_store_uri(uri: str, *, database: str | None = None) -> StoreURI:
         if userinfo is not None and not userinfo.partition(":")[0]:
             raise _bad(uri, "the user name before '@' is empty; write user:password@host, "
                             "or leave out the '@' to connect without credentials")
-        _check_mongodb_options(uri, parts.query)
         module = _store_module("agentium_graph_mongodb", "agentium-graph-mongodb")
+        # The store's own parser refuses an unknown or malformed ?option (pymongo only warns
+        # and goes on without it); the core never imports pymongo.
         name: str = module.MongoDBDurableTaskStore.database_for(uri, database)
         return StoreURI(scheme="mongodb", uri=uri, database=name)
     raise _bad(uri, f"unknown scheme {scheme!r}")
@@ -140,21 +141,6 @@ def _is_utf8(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-def _check_mongodb_options(uri: str, query: str) -> None:
-    """Refuse an unknown or invalid ``?option=value`` up front: pymongo only warns about
-    one and goes on without it (a bad serverSelectionTimeoutMS then waits its 30 s default)."""
-    if not query:
-        return
-    try:
-        from pymongo.uri_parser import split_options
-    except ImportError:  # pragma: no cover - without pymongo the store cannot be opened
-        return
-    try:
-        split_options(query, validate=True, warn=False)
-    except Exception as exc:  # pymongo raises ConfigurationError, ValueError or TypeError
-        raise _bad(uri, f"bad option in {query!r}: {exc}") from None
 
 
 def open_store_uri(uri: str, *, database: str | None = None, must_exist: bool = False,

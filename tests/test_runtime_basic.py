@@ -183,13 +183,19 @@ async def test_create_deep_copies_plan_and_input(calls: Calls) -> None:
 async def test_identity_pins_the_plan_its_digest_and_args_digests(calls: Calls) -> None:
     # create encodes the plan once for both its digest and the identity's copy, and takes
     # each node's args digest from the compiled plan: both must equal the plain
-    # computation, also for a plan changed in place after an earlier create.
+    # computation. A plan changed in place after the program was built is refused (stop
+    # 23: a program is immutable), and the task created before keeps what it pinned.
     rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
     prog = program(chain_plan(2))
     await rt.create("k1", prog)
     assert prog.plan is not None
     prog.plan["nodes"][0]["args"]["x"] = 41  # reaching into the frozen program
-    await rt.create("k2", prog)
+    with pytest.raises(ConfigurationError, match="changed in place"):
+        await rt.create("k2", prog)
+    assert await rt.store.get_header("k2") is None
+    changed = chain_plan(2)
+    changed["nodes"][0]["args"]["x"] = 41
+    await rt.create("k2", program(changed))  # a new program with the changed plan
     for key, x in (("k1", 0), ("k2", 41)):
         identity = await rt.store.get_identity(key)
         snapshot = await rt.store.get_task(key)

@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from agentium_graph._canonical import NotJSONError, check_json, json_copy
-from agentium_graph._config_base import storable_text
+from agentium_graph._config_base import keywords_only, storable_text
 from agentium_graph._fastschema import Predicate, compile_fast
 from agentium_graph._program import ExecutionGraphProgram
 from agentium_graph._schemarefs import checked_validator
@@ -128,7 +128,9 @@ class _BindingBase(BaseModel):
     _output_fast: Predicate | None = PrivateAttr(default=None)
     _descriptor: BindingDescriptor | None = PrivateAttr(default=None)
 
-    def __init__(self, /, **data: Any) -> None:
+    def __init__(self, /, *args: Any, **data: Any) -> None:
+        if args:
+            raise ConfigurationError(keywords_only(type(self), len(args)))
         try:
             super().__init__(**data)
         except ValidationError as exc:

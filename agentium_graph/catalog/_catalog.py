@@ -109,8 +109,10 @@ class HostCatalog:
 
         self._visiting.append(key)
         try:
+            nested = binding.program.checked_plan()
+            assert nested is not None
             compiled = validate_plan(
-                binding.program.plan, self, limits=binding.program.limits,
+                nested, self, limits=binding.program.limits,
                 subject=f"program {binding.program.id!r} of {binding.kind} binding "
                         f"{binding.id!r} version {binding.version!r}")
             problems = pseudo_ref_problems(compiled, repeat=isinstance(binding, RepeatBinding))

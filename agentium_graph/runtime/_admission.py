@@ -40,6 +40,9 @@ class Ticket:
 
     node_id: str | None
     future: asyncio.Future[None] = field(repr=False)
+    # The admission id the work it admits is charged under, when known at the request (and
+    # looked up only with an observer: it goes into the ticket's events).
+    admission_id: str | None = None
     granted: bool = False
     released: bool = False
     wait_span: Any = field(default=None, repr=False)  # open while it waits (when tracing)
@@ -110,14 +113,21 @@ class AdmissionController:
             # raising CancelledError was not canceled by anyone)
             log.exception("on_admission callback failed for %s", event.kind)
 
-    def request(self, node_id: str | None) -> Ticket:
+    @property
+    def observed(self) -> bool:
+        """Whether an ``on_admission`` observer receives events (admission ids are worked
+        out for them only then)."""
+        return self._on_event is not None
+
+    def request(self, node_id: str | None, admission_id: str | None = None) -> Ticket:
         """Join the FIFO queue; the ticket is granted at once when a permit is free."""
         if current_context() is not None:
             raise NestedDispatchError(
                 f"task {self.key!r}: controlled dispatch from inside a running leaf "
                 f"({current_context()!r}) is rejected; model the work as a plan node",
                 node_id=node_id)
-        ticket = Ticket(node_id=node_id, future=asyncio.get_running_loop().create_future())
+        ticket = Ticket(node_id=node_id, future=asyncio.get_running_loop().create_future(),
+                        admission_id=admission_id)
         self._enqueue(ticket)
         return ticket
 
@@ -126,11 +136,12 @@ class AdmissionController:
         self._grant_waiting()
         if not ticket.granted and self._closed is not None:
             self._queue.remove(ticket)
-            self.emit("rejected", ticket.node_id, reason=self._closed)
+            self.emit("rejected", ticket.node_id, admission_id=ticket.admission_id,
+                      reason=self._closed)
             ticket.future.cancel()
             return
         if not ticket.granted:
-            self.emit("queued", ticket.node_id)
+            self.emit("queued", ticket.node_id, admission_id=ticket.admission_id)
             ticket.wait_span = start_span("agentium_graph.admission.wait", {
                 "agentium.task.key": self.key, "agentium.node.id": ticket.node_id or "",
                 "agentium.admission.queued": len(self._queue)})
@@ -145,7 +156,7 @@ class AdmissionController:
             if not ticket.future.done():
                 ticket.future.set_result(None)
             if self._on_event is not None:
-                self.emit("admitted", ticket.node_id)
+                self.emit("admitted", ticket.node_id, admission_id=ticket.admission_id)
 
     def free_ticket(self, node_id: str | None) -> Ticket:
         """A placeholder for work that holds no permit (agents): never counted, never queued."""
@@ -153,8 +164,8 @@ class AdmissionController:
         future.set_result(None)
         return Ticket(node_id=node_id, future=future, granted=False, released=True)
 
-    async def acquire(self, node_id: str | None) -> Ticket:
-        ticket = self.request(node_id)
+    async def acquire(self, node_id: str | None, admission_id: str | None = None) -> Ticket:
+        ticket = self.request(node_id, admission_id)
         await self._granted(ticket)
         return ticket
 
@@ -191,7 +202,8 @@ class AdmissionController:
             return
         _end_wait(ticket, "withdrawn")
         if reason is not None:
-            self.emit("rejected", ticket.node_id, reason=reason)
+            self.emit("rejected", ticket.node_id, admission_id=ticket.admission_id,
+                      reason=reason)
         if not ticket.future.done():
             ticket.future.cancel()
 
@@ -210,7 +222,7 @@ class AdmissionController:
         ticket.released = True
         self._active -= 1
         if self._on_event is not None:
-            self.emit("released", ticket.node_id)
+            self.emit("released", ticket.node_id, admission_id=ticket.admission_id)
         if self._queue:
             self._grant_waiting()
         if self._active == 0 and self.on_idle is not None:
@@ -223,7 +235,8 @@ class AdmissionController:
         while self._queue:
             ticket = self._queue.popleft()
             _end_wait(ticket, "rejected")
-            self.emit("rejected", ticket.node_id, reason=reason)
+            self.emit("rejected", ticket.node_id, admission_id=ticket.admission_id,
+                      reason=reason)
             if not ticket.future.done():
                 ticket.future.cancel()
 

@@ -133,7 +133,7 @@ class _Settled(Exception):
         self.outcome = outcome
 
 
-async def _permit(run: TaskRun, node_id: str) -> Ticket:
+async def _permit(run: TaskRun, node_id: str, admission_id: str | None = None) -> Ticket:
     """A root permit for the agent's next model or tool call. A stopping run (failure,
     budget, an uncertain effect) starts no new work, so neither does a running agent: it
     ends where it is, open, for the stop's final commit to close it (canceled, or uncertain
@@ -141,7 +141,7 @@ async def _permit(run: TaskRun, node_id: str) -> Ticket:
     stop, for the next run to resume it from its journal. (A cancel or a deadline cancels
     the agent itself.)"""
     if run.stop is None:
-        ticket = await run.admission.acquire(node_id)
+        ticket = await run.admission.acquire(node_id, admission_id)
         if run.stop is None:
             return ticket
         run.admission.release(ticket)  # granted as the run began to stop
@@ -342,8 +342,8 @@ async def fetch_response(run: TaskRun, caller: ModelCaller, request: ModelReques
     for attempt in range(STREAM_ATTEMPTS):
         # One provider invocation = one work attempt; an interrupted one stays charged.
         adm = admission_id(caller.incarnation, f"model:{req_digest}:{run.fence}:{attempt}")
-        ticket = await (run.admission.acquire(None) if caller.node_id is None else
-                        _permit(run, caller.node_id))
+        ticket = await (run.admission.acquire(None, adm) if caller.node_id is None else
+                        _permit(run, caller.node_id, adm))
         try:
             await run.submit([Charge(admission_id=adm, node_id=caller.node_id, charges={
                 "model_calls": 1, "work_attempts": 1, "input_tokens": estimate_in,
@@ -631,7 +631,7 @@ async def _pure_call(run: TaskRun, spec: NodeSpec, tool: ToolBinding, call: Tool
                      key: str) -> Outcome:
     rec = run.nodes[spec.id]
     adm = admission_id(rec.incarnation_id, f"tool:{key}:{run.fence}")
-    ticket = await _permit(run, spec.id)
+    ticket = await _permit(run, spec.id, adm)
     try:
         await run.submit([Charge(admission_id=adm, node_id=spec.id,
                                  charges={"work_attempts": 1, "tool_calls": 1})])
@@ -659,7 +659,8 @@ async def _effect_call(run: TaskRun, spec: NodeSpec, sub: NodeSpec, call: ToolCa
     rec = run.nodes[spec.id]
     args = dict(call.arguments)
     act = effects.action_id_for(run, rec, tool, args, call_id=key)
-    ticket = await _permit(run, spec.id)
+    ticket = await _permit(run, spec.id, effects.planned_admission(run, act)
+                           if run.admission.observed else None)
     try:
         existing = run.actions.get(act)
         if existing is None or existing.state == "intent":

@@ -67,6 +67,15 @@ def dispatch_admission(action_id: str, number: int) -> str:
     return admission_id(action_id, f"dispatch:{number}")
 
 
+def planned_admission(run: TaskRun, act: str) -> str | None:
+    """The admission id the next start of action ``act`` charges (:func:`start_steps`):
+    its next dispatch's, or None when it is reconciled or reused (nothing charged then)."""
+    existing = run.actions.get(act)
+    if existing is not None and existing.state in ("dispatching", "confirmed"):
+        return None
+    return dispatch_admission(act, (existing.dispatches if existing else 0) + 1)
+
+
 def origin_of(binding: ToolBinding, catalog_digest: str) -> dict[str, Any]:
     connector = binding.typed_connector
     return {"kind": "tool", "binding": binding.id, "binding_version": binding.version,

@@ -51,6 +51,9 @@ log = logging.getLogger("agentium_graph.runtime")
 T = TypeVar("T")
 
 
+# The reason recorded for a cancel that gives none.
+DEFAULT_CANCEL_REASON = "canceled by the host"
+
 class TimelinePage(BaseModel):
     """One page of a task's journal in its stable order; pass ``next_cursor`` for more."""
 
@@ -95,8 +98,11 @@ class OperatorAPI:
         return view.model_copy(update={"verified": False,
                                        "problems": (*view.problems, problem)})
 
-    async def cancel(self, key: str, reason: str) -> TaskView:
+    async def cancel(self, key: str, reason: str = DEFAULT_CANCEL_REASON) -> TaskView:
         """Persist a cancel request; the lease holder observes it and stops cooperatively.
+
+        ``reason`` is recorded with it (default :data:`DEFAULT_CANCEL_REASON`); a blank one
+        is refused.
 
         A task nobody is running is canceled at once, including one in
         ``recovery_required``: its open nodes become ``canceled`` and its uncertain actions
@@ -238,7 +244,7 @@ class OperatorAPI:
     def inspect_sync(self, key: str) -> TaskView:
         return run_sync(self.inspect(key))
 
-    def cancel_sync(self, key: str, reason: str) -> TaskView:
+    def cancel_sync(self, key: str, reason: str = DEFAULT_CANCEL_REASON) -> TaskView:
         return run_sync(self.cancel(key, reason))
 
     async def _header(self, key: str) -> TaskHeader:

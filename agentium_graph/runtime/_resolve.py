@@ -240,6 +240,8 @@ def _same(action: ActionRecord, outcome: ActionOutcome | Absent, verdict: str) -
     if action.resolution.get("verdict") != verdict:
         return False
     if isinstance(outcome, ActionOutcome):
+        if outcome.result_ref != action.result_ref_returned:
+            return False  # the same output attested with another result_ref: a conflict
         try:
             return digest_text(canonical_json(outcome.output)) == action.outcome_digest
         except (NotJSONError, TypeError, ValueError):

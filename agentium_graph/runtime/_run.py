@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from agentium_graph._canonical import admission_id, attempt_id, digest
 from agentium_graph._otel import span, traced_attempt
 from agentium_graph._program import ExecutionGraphProgram
+from agentium_graph.catalog._bindings import ToolBinding
 from agentium_graph.errors import (
     AgentiumGraphError,
     BudgetExhaustedError,
@@ -554,8 +555,20 @@ class TaskRun:
                 self.ready[node_id] = _Ready(node_id, args, digest(args, trusted=True),
                                              self.admission.free_ticket(node_id), free=True)
                 continue
+            adm = self._planned_admission(node, args) if self.admission.observed else None
             self.ready[node_id] = _Ready(node_id, args, digest(args, trusted=True),
-                                         self.admission.request(node_id))
+                                         self.admission.request(node_id, adm))
+
+    def _planned_admission(self, node: NodeSpec, args: dict[str, Any]) -> str | None:
+        """The admission id :meth:`_start_granted` will charge the node's start under (for
+        the events of its permit): its attempt's work, or its action's next dispatch."""
+        rec = self.nodes[node.id]
+        if node.kind == "effect":
+            binding = node.binding
+            assert isinstance(binding, ToolBinding)
+            return effects.planned_admission(
+                self, effects.action_id_for(self, rec, binding, args))
+        return admission_id(attempt_id(rec.incarnation_id, len(rec.attempts) + 1), "work")
 
     def admit_charges(self, node_id: str, charges: dict[str, int], pending: dict[str, int],
                       adm: str | None) -> bool:

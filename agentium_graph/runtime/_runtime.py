@@ -245,6 +245,14 @@ class ExecutionGraphRuntime(OperatorAPI):
         limits = root_limits(limits, self.limits)
         budgets = budgets_arg(budgets)
         grant_list = grants_arg(grants)
+        if grant_list is not None:
+            unknown = [g for g in grant_list if not self.catalog.versions(g)]
+            if unknown:
+                raise ConfigurationError(
+                    f"task {key!r}: grants name binding id(s) this catalog does not register: "
+                    f"{', '.join(repr(g) for g in unknown[:10])}; grant registered binding ids "
+                    "only (a typo would leave the binding it meant ungranted)",
+                    details={"argument": "grants", "unknown": unknown[:10]})
         if policy_revision is not None:
             check_policy_revision(policy_revision)
         # One checked canonical encoding of the plan gives both its digest and the
@@ -609,8 +617,9 @@ class ExecutionGraphRuntime(OperatorAPI):
         key = (binding.id, binding.version, grants)
         plan = self._nested.get(key)
         if plan is None:
-            assert binding.program.plan is not None
-            plan = validate_plan(binding.program.plan, self.catalog,
+            nested = binding.program.checked_plan()
+            assert nested is not None
+            plan = validate_plan(nested, self.catalog,
                                  limits=binding.program.limits, grants=grants,
                                  subject=f"program of {binding.kind} binding {binding.id!r}")
             self._nested[key] = plan

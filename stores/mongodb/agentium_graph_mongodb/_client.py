@@ -94,6 +94,10 @@ def _client_from_uri(uri: str, server_selection_timeout_s: float, connect_timeou
             details={"uri": _redact(uri), "argument": "uri_or_client"}) from None
 
 
+# URI options MongoDB lets a URI give several times (each adds a tag set).
+_REPEATABLE = frozenset({"readpreferencetags"})
+
+
 def _check_options(query: str) -> None:
     """Refuse an unknown URI option or a malformed value, naming the option (not its value,
     which may be a secret). pymongo only warns and goes on without it: with
@@ -101,6 +105,13 @@ def _check_options(query: str) -> None:
     driver's 30 s default instead of the store's 5 s."""
     if not query:
         return
+    seen: set[str] = set()
+    for name, _ in parse_qsl(query, keep_blank_values=True):
+        lowered = name.lower()
+        if lowered in seen and lowered not in _REPEATABLE:
+            # pymongo only warns and keeps one of them.
+            raise ValueError(f"URI option {name!r} is given more than once; give it once")
+        seen.add(lowered)
     try:
         split_options(query, validate=True, warn=False)
     except (PyMongoConfigurationError, ValueError, TypeError) as exc:

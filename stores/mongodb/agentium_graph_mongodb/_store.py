@@ -123,11 +123,33 @@ class MongoDBStoreStats:
                                    for f in fields(self)))
 
 
+def _one_source(positional: object, uri: object, client: object
+                ) -> str | AsyncMongoClient[dict[str, Any]]:
+    """The one URI or client given, positionally or as ``uri=`` / ``client=``."""
+    given = [v for v in (positional, uri, client) if v is not None]
+    if len(given) != 1:
+        raise ConfigurationError(
+            "MongoDBDurableTaskStore needs exactly one of a URI or a client: "
+            "MongoDBDurableTaskStore('mongodb://host/db'), MongoDBDurableTaskStore(uri=...) or "
+            f"MongoDBDurableTaskStore(client=AsyncMongoClient(...)); got {len(given)}",
+            details={"argument": "uri_or_client"})
+    if uri is not None and not isinstance(uri, str):
+        raise ConfigurationError(
+            f"uri= takes a mongodb:// URI string, not {type(uri).__name__}; pass a client as "
+            "client=", details={"argument": "uri"})
+    if client is not None and not isinstance(client, AsyncMongoClient):
+        raise ConfigurationError(
+            "client= takes a pymongo AsyncMongoClient, not "
+            f"{type(client).__name__}; pass a URI as uri=", details={"argument": "client"})
+    return given[0]  # type: ignore[return-value]  # checked by the constructor below
+
+
 @traced_store("mongodb")
 class MongoDBDurableTaskStore:
     """A durable task store in one MongoDB database; safe for many processes and hosts.
 
-    ``uri_or_client``: a ``mongodb://`` / ``mongodb+srv://`` URI (the store creates, owns
+    ``uri_or_client`` (or ``uri=`` / ``client=``; give exactly one): a ``mongodb://`` /
+    ``mongodb+srv://`` URI (the store creates, owns
     and closes its clients: one per event loop that uses it, so the runtime's ``*_sync``
     wrappers and threads work) or a :class:`pymongo.AsyncMongoClient` (the caller owns and
     closes it; its own timeouts apply; it is bound to one event loop, and using the store
@@ -194,13 +216,15 @@ class MongoDBDurableTaskStore:
     ``cancel`` and ``resolve``).
     """
 
-    def __init__(self, uri_or_client: str | AsyncMongoClient[dict[str, Any]], *,
+    def __init__(self, uri_or_client: str | AsyncMongoClient[dict[str, Any]] | None = None,
+                 *, uri: str | None = None, client: AsyncMongoClient[dict[str, Any]] | None = None,
                  database: str | None = None,
                  write_concern: WriteConcern = DEFAULT_WRITE_CONCERN,
                  server_selection_timeout_s: float = 5.0, connect_timeout_s: float = 5.0,
                  socket_timeout_s: float = 20.0, retries: int = 3,
                  retry_max_wait_s: float = 1.0, cas_attempts: int = 20,
                  cache_size: int = 256, read_only: bool = False, create: bool = True) -> None:
+        uri_or_client = _one_source(uri_or_client, uri, client)
         if database is not None:
             check_database_name(database)
         check_flags(read_only=read_only, create=create)
@@ -283,12 +307,16 @@ class MongoDBDurableTaskStore:
         raises :class:`~agentium_graph.ConfigurationError` as the constructor would (a bad
         URI, an invalid name, one of MongoDB's own databases). The ``agentium-graph`` CLI
         resolves ``--store`` and ``--database`` with it."""
-        if database is not None:
-            check_database_name(database)
-            return database
         if isinstance(uri_or_client, str):
             # Only parsed: a client does no I/O until used and, never opened, needs no close.
+            # Parsed also when ``database`` is given: a bad URI option is refused either way.
             client = _client_from_uri(uri_or_client, 5.0, 5.0, 20.0)
+            if database is not None:
+                check_database_name(database)
+                return database
+        elif database is not None:
+            check_database_name(database)
+            return database
         elif isinstance(uri_or_client, AsyncMongoClient):
             client = uri_or_client
         else:
