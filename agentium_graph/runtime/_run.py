@@ -307,7 +307,9 @@ class TaskRun:
             if self.stop is None:
                 self._request_ready(steps, pending)
                 launch = self._start_granted(steps, pending)
-            looking = stop_lookups.advance(self, steps, blobs, bool(launch))
+            # (A stop is never undone: without one there is nothing to look up.)
+            looking = self.stop is not None and \
+                stop_lookups.advance(self, steps, blobs, bool(launch))
             final = [] if looking else final_steps(self, bool(launch), steps)
             steps.extend(final)
             self.finishing = bool(final)  # a lease lost meanwhile no longer stops the run
