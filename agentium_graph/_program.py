@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, Literal, Self
 
 from jsonschema.protocols import Validator
 from pydantic import (
@@ -92,6 +93,13 @@ class PlannerConfig(BaseModel):
                 "stream": self.stream.model_dump()}
 
 
+def _plan_digest(plan: Any) -> str | None:
+    try:
+        return digest(plan)
+    except (NotJSONError, TypeError, ValueError):
+        return None  # not JSON: refused wherever it is used (checked_plan, create)
+
+
 class ExecutionGraphProgram(BaseModel):
     """A versioned program: exactly one of a static JSON ``plan`` or a ``planner``.
 
@@ -131,8 +139,18 @@ class ExecutionGraphProgram(BaseModel):
         if self.input_schema is not None:
             _, self._input_validator = checked_validator(
                 self.input_schema, f"program {self.id!r}: input_schema", root="input_schema")
-        if self.plan is not None:
-            self._plan_digest = digest(self.plan)
+
+    def model_post_init(self, context: Any, /) -> None:
+        # Also run by model_construct: the digest of the plan the program holds.
+        self._plan_digest = None if self.plan is None else _plan_digest(self.plan)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None,
+                   deep: bool = False) -> Self:
+        """As pydantic's; a copy given another ``plan`` pins that plan's digest."""
+        copy = super().model_copy(update=update, deep=deep)
+        if update and "plan" in update:
+            copy._plan_digest = None if copy.plan is None else _plan_digest(copy.plan)
+        return copy
 
     def checked_plan(self, plan_digest: str | None = None) -> dict[str, Any] | None:
         """The plan, once it is known to be the one the program was built with.

@@ -154,6 +154,7 @@ async def execute_effect(run: TaskRun, node: NodeSpec, args: dict[str, Any], *,
                                           "reason": f"redispatch: {why}"})
         try:
             if permit is not None:
+                permit.admission_id = adm  # its events name the dispatch it now admits
                 await run.admission.reacquire(permit)
             await run.submit([Charge(admission_id=adm, charges=DISPATCH_CHARGES,
                                      node_id=node.id), RecordAction(action=again)])

@@ -231,10 +231,11 @@ async def _one_stream(run: TaskRun, program: ExecutionGraphProgram, config: Plan
     reserve_out = request.max_output_tokens or 0
     estimate_in = math.ceil(len(canonical_json(request.model_dump(mode="json"))) / 4)
     incarnation = f"{run.header.task_id}:planner"
-    ticket = await run.admission.acquire(None)
+    adm = admission_id(incarnation, f"stream:{call}")
+    ticket = await run.admission.acquire(None, adm)
     try:
         await run.submit([
-            Charge(admission_id=admission_id(incarnation, f"stream:{call}"), node_id=None,
+            Charge(admission_id=adm, node_id=None,
                    charges={"model_calls": 1, "work_attempts": 1, "input_tokens": estimate_in,
                             "output_tokens": reserve_out}),
             AppendJournal(kind=CALL_KIND, data={"call": call,

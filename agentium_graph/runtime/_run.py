@@ -608,7 +608,8 @@ class TaskRun:
             elif node.kind == "effect":
                 start, charges, intent = effects.start_steps(
                     self, node, rec, att, item.args, item.input_digest)
-                adm = intent.admission_id if intent else None
+                # The dispatch it charges (an existing intent still names an earlier one).
+                adm = next((s.admission_id for s in start if isinstance(s, Charge)), None)
             else:
                 adm = admission_id(att, "work")
                 charges = {"work_attempts": 1, "tool_calls": 1}

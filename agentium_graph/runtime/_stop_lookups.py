@@ -97,7 +97,14 @@ async def _look_up(run: TaskRun, actions: list[ActionRecord]
                        f"{action.origin.get('binding_version')!r} behind its connector")
         return action, binding, await reconcile(run, binding.typed_connector, action)
 
-    return list(await asyncio.gather(*(one(a) for a in actions)))
+    # At most the root's max_concurrent_work lookups at once (an agent may have left many).
+    gate = asyncio.Semaphore(max(1, run.admission.capacity))
+
+    async def gated(action: ActionRecord) -> tuple[ActionRecord, ToolBinding | None, Verdict]:
+        async with gate:
+            return await one(action)
+
+    return list(await asyncio.gather(*(gated(a) for a in actions)))
 
 
 def _settle(run: TaskRun, found: list[tuple[ActionRecord, ToolBinding | None, Verdict]],
@@ -110,17 +117,31 @@ def _settle(run: TaskRun, found: list[tuple[ActionRecord, ToolBinding | None, Ve
             continue
         run.stop_settled.add(action.action_id)
         if isinstance(verdict, Absent):
-            steps.append(RecordAction(action=action.model_copy(update={
+            rejected = action.model_copy(update={
                 "state": "rejected", "fence": run.fence,
                 "reason": "proved absent by a lookup; not dispatched again because the task "
-                          f"stopped ({stop.reason})"})))
+                          f"stopped ({stop.reason})"})
+            if run.graph.specs[action.node_id].kind != "agent":
+                # Closed now, as the stop closes it, even if another action is surfaced and
+                # the task ends recovery_required (which leaves open nodes open).
+                run.settle(action.node_id, Outcome("canceled", action=rejected), steps, blobs)
+            else:
+                steps.append(RecordAction(action=rejected))
             continue
         assert binding is not None
         spec = run.graph.specs[action.node_id]
         if spec.kind != "agent":
             # The effect node's own action: the node completes with the receipt.
-            run.settle(action.node_id, receipt(run, spec, action, verdict, source="reconcile"),
-                       steps, blobs)
+            found_receipt = receipt(run, spec, action, verdict, source="reconcile")
+            if found_receipt.state != "completed":
+                # Surfaced with the others, under this stop (_stops._surface), not as a
+                # stop of its own that would leave them open.
+                run.stop_settled.discard(action.action_id)
+                error = found_receipt.error
+                run.stop_unknown[action.action_id] = "the outcome it found is invalid: " + (
+                    error.message if error is not None else found_receipt.state)
+                continue
+            run.settle(action.node_id, found_receipt, steps, blobs)
             continue
         # A tool call of an agent that stops here: the receipt stays in the ledger.
         checked: Outcome = check_output(action.node_id, binding, verdict.output,

@@ -373,15 +373,18 @@ def _surface(run: TaskRun, stop: Stop, hidden: dict[str, list[ActionRecord]],
               "run looked it up")
     for node_id, actions in hidden.items():
         ids = [a.action_id for a in actions]
+        reasons: list[str] = []
         for action in actions:
             said = run.stop_unknown.get(action.action_id)
+            reasons.append(reason if said is None else
+                           "its dispatch was interrupted by a crash, and a lookup as the task "
+                           f"was {why} could not tell whether it took effect: {said}")
             steps.append(RecordAction(action=action.model_copy(update={
-                "state": "uncertain", "reason": reason if said is None else
-                "its dispatch was interrupted by a crash, and a lookup as the task was "
-                f"{why} could not tell whether it took effect: {said}"})))
+                "state": "uncertain", "reason": reasons[-1]})))
         steps.append(SettleNode(node_id=node_id, state="uncertain", error=ErrorInfo(
             code="effect_uncertain", node_id=node_id,
-            message=f"outcome of action(s) {', '.join(ids)} is unknown: {reason}",
+            message=f"outcome of action(s) {', '.join(ids)} is unknown: "
+                    f"{'; '.join(dict.fromkeys(reasons))}",
             details={"action_ids": ids})))
         run.closed.add(node_id)
         run.uncertain.extend(ids)

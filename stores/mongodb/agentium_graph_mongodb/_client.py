@@ -71,7 +71,7 @@ def _client_from_uri(uri: str, server_selection_timeout_s: float, connect_timeou
     try:
         query = urlsplit(uri).query
         _check_options(query)
-        given = {name.lower() for name, _ in parse_qsl(query)}
+        given = {name.lower() for name, _ in _options(query)}
         options: dict[str, Any] = {}
         for name, seconds in (("serverSelectionTimeoutMS", server_selection_timeout_s),
                               ("connectTimeoutMS", connect_timeout_s),
@@ -94,6 +94,13 @@ def _client_from_uri(uri: str, server_selection_timeout_s: float, connect_timeou
             details={"uri": _redact(uri), "argument": "uri_or_client"}) from None
 
 
+def _options(query: str) -> list[tuple[str, str]]:
+    """The options of a URI's query, in order: MongoDB separates them by '&' or, in a URI
+    without any, by ';'."""
+    separator = "&" if "&" in query or ";" not in query else ";"
+    return parse_qsl(query, keep_blank_values=True, separator=separator)
+
+
 # URI options MongoDB lets a URI give several times (each adds a tag set).
 _REPEATABLE = frozenset({"readpreferencetags"})
 
@@ -106,7 +113,7 @@ def _check_options(query: str) -> None:
     if not query:
         return
     seen: set[str] = set()
-    for name, _ in parse_qsl(query, keep_blank_values=True):
+    for name, _ in _options(query):
         lowered = name.lower()
         if lowered in seen and lowered not in _REPEATABLE:
             # pymongo only warns and keeps one of them.
@@ -115,7 +122,7 @@ def _check_options(query: str) -> None:
     try:
         split_options(query, validate=True, warn=False)
     except (PyMongoConfigurationError, ValueError, TypeError) as exc:
-        for name, value in parse_qsl(query, keep_blank_values=True):
+        for name, value in _options(query):
             try:
                 split_options(f"{name}={value}", validate=True, warn=False)
             except (PyMongoConfigurationError, ValueError, TypeError):
