@@ -164,6 +164,10 @@ def open_store_uri(uri: str, *, database: str | None = None, must_exist: bool = 
         assert parsed.path is not None
         try:
             exists = parsed.path.is_file()
+            if not exists and parsed.path.is_symlink():
+                parsed.path.stat()  # a dangling link or a loop: say which (OSError)
+        except FileNotFoundError:
+            exists = False
         except OSError as exc:  # e.g. a directory on the path this user may not enter
             raise StoreError(
                 f"cannot look at SQLite task database {str(parsed.path)!r}: "
@@ -171,7 +175,10 @@ def open_store_uri(uri: str, *, database: str | None = None, must_exist: bool = 
                 "directory on it", details={"path": str(parsed.path)}) from None
         if must_exist and not exists:
             where = parsed.path.parent
-            why = ("its directory does not exist" if not where.is_dir()
+            blocker = next((d for d in (where, *where.parents) if d.exists()), None)
+            why = (f"{str(blocker)!r} is a file, not a directory" if blocker is not None
+                   and not blocker.is_dir()
+                   else "its directory does not exist" if not where.is_dir()
                    else "it is a directory, not a database file" if parsed.path.is_dir()
                    else "it is not a regular file" if parsed.path.exists()
                    else "no such file")

@@ -104,6 +104,18 @@ class _Found:
     others: frozenset[str] = frozenset()  # views and other schema objects (not tables)
 
 
+
+def not_a_directory(directory: Path) -> Path | None:
+    """The nearest existing ancestor of ``directory`` (itself included) when it is not a
+    directory (a file where a directory of the path must be), else None."""
+    for candidate in (directory, *directory.parents):
+        try:
+            if candidate.exists():
+                return None if candidate.is_dir() else candidate
+        except OSError:
+            return None
+    return None
+
 def _not_ours(path: Path, why: str) -> StoreSchemaError:
     return StoreSchemaError(
         f"cannot open SQLite store {str(path)!r}: {why}, so it is not an agentium-graph "
@@ -263,6 +275,12 @@ def _check_filesystem(path: Path, *, writable: bool) -> None:
                 "SQLiteDurableTaskStore (nor by open() or sqlite3); pass the path through "
                 "os.path.expanduser() or Path.expanduser() first (a sqlite:/// store URI "
                 "expands it)", details=details)
+        blocker = not_a_directory(directory)
+        if blocker is not None:  # "mkdir -p" would fail: a file stands where a directory must
+            raise StoreError(
+                f"cannot open SQLite store {str(path)!r}: {str(blocker)!r} is a file, not a "
+                "directory, so nothing can be created under it; choose another path",
+                details=details)
         raise StoreError(
             f"cannot open SQLite store {str(path)!r}: directory {str(directory)!r} does not "
             f"exist; create it first (mkdir -p {str(directory)!r}) or choose another path",
