@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from agentium_graph.errors import ConfigurationError, StoreError
@@ -188,8 +188,12 @@ def open_store_uri(uri: str, *, database: str | None = None, must_exist: bool = 
                 "AGENTIUM_STORE", details={"path": str(parsed.path)})
         cls = _store_class("agentium_graph_sqlite", "SQLiteDurableTaskStore",
                            "agentium-graph-sqlite")
-        options = {"read_only": True} if read_only else {"create": False} if must_exist \
-            else {}
+        options: dict[str, Any] = {"read_only": True} if read_only else \
+            {"create": False} if must_exist else {}
+        if must_exist:
+            # A command fails fast on a file another process keeps locked: one wait of the
+            # busy timeout, not a worker's backed-off retries (about 26 s); it can be re-run.
+            options["busy_retries"] = 0
         store: DurableTaskStore = cls(parsed.path, **options)
         return store
     cls = _store_class("agentium_graph_mongodb", "MongoDBDurableTaskStore",

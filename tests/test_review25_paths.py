@@ -1,17 +1,22 @@
 """Found by review 25 (a hostile user's paths). A file where a directory of the store path
 must be was reported as a missing directory with 'mkdir -p' advice that fails, and a
-symlink loop as a missing file. Each test failed before."""
+symlink loop as a missing file; a CLI command on a locked file waited through a worker's
+retries. Each test failed before."""
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from agentium_graph import ExecutionGraphRuntime
 from agentium_graph.cli import EXIT_STORE, cli
 from agentium_graph.errors import StoreError
 from tests._cli_helpers import one_line_error
+from tests.conftest import Calls, chain_plan, make_catalog, program
 
 sqlite = pytest.importorskip("agentium_graph_sqlite")
 
@@ -41,3 +46,25 @@ def test_a_symlink_loop_is_not_reported_as_a_missing_file(tmp_path: Path) -> Non
         cli, ["--store", f"sqlite:///{tmp_path / 'loop1'}", "list"]), EXIT_STORE,
         "symbolic links")
     assert "no such file" not in line
+
+
+def test_a_cli_command_on_a_locked_file_waits_one_busy_timeout(tmp_path: Path) -> None:
+    # It waited through the store's backed-off retries (about 26 s) and then named store
+    # options the CLI has no flag for.
+    path = tmp_path / "lock.db"
+
+    async def create() -> None:
+        async with sqlite.SQLiteDurableTaskStore(path) as store:
+            await ExecutionGraphRuntime(catalog=make_catalog(Calls()), store=store).create(
+                "p1", program(chain_plan(1)))
+    asyncio.run(create())
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process's long write transaction
+    try:
+        result = CliRunner().invoke(cli, ["--store", f"sqlite:///{path}", "cancel", "p1",
+                                          "--reason", "r"])
+        line = one_line_error(result, EXIT_STORE, "locked", "retry")
+        assert "1 attempt(s)" in line
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()

@@ -242,5 +242,6 @@ def busy_exhausted(last: BusyError, path: Path, op: str, attempts: int,
         f"SQLite store {str(path)!r}: {op} stayed locked by another connection through "
         f"{attempts} attempt(s) of up to {busy_timeout_s:g}s each; nothing was written and the "
         "task stays recoverable. Find the process holding a long write transaction on this "
-        "file, or raise busy_timeout_s / busy_retries, then retry",
+        "file, then retry (a store opened in code can wait longer: raise its busy_timeout_s "
+        "or busy_retries)",
         details={**last.details, "attempts": attempts, "busy_timeout_s": busy_timeout_s})
