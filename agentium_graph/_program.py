@@ -94,6 +94,8 @@ class PlannerConfig(BaseModel):
 
 
 def _plan_digest(plan: Any) -> str | None:
+    if plan is None:
+        return None
     try:
         return digest(plan)
     except (NotJSONError, TypeError, ValueError):
@@ -142,14 +144,14 @@ class ExecutionGraphProgram(BaseModel):
 
     def model_post_init(self, context: Any, /) -> None:
         # Also run by model_construct: the digest of the plan the program holds.
-        self._plan_digest = None if self.plan is None else _plan_digest(self.plan)
+        self._plan_digest = _plan_digest(self.plan)
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None,
                    deep: bool = False) -> Self:
         """As pydantic's; a copy given another ``plan`` pins that plan's digest."""
         copy = super().model_copy(update=update, deep=deep)
         if update and "plan" in update:
-            copy._plan_digest = None if copy.plan is None else _plan_digest(copy.plan)
+            copy._plan_digest = _plan_digest(copy.plan)
         return copy
 
     def checked_plan(self, plan_digest: str | None = None) -> dict[str, Any] | None:
@@ -162,10 +164,7 @@ class ExecutionGraphProgram(BaseModel):
         if self.plan is None:
             return None
         if plan_digest is None:
-            try:
-                plan_digest = digest(self.plan)
-            except NotJSONError:
-                plan_digest = None
+            plan_digest = _plan_digest(self.plan)
         if plan_digest != self._plan_digest:
             raise ConfigurationError(
                 f"program {self.id!r} version {self.version!r}: its plan was changed in place "

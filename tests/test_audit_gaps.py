@@ -5,7 +5,7 @@ the library went unnoticed.
   destination is idempotent and the lookup could not tell) and waits for its root permit
   when the run stops: a ``budget`` or ``recovery`` stop leaves it resumable (the node stays
   running, the action ``dispatching``; the next run reconciles it again), only a ``canceled``
-  or ``deadline`` stop rejects it (``_effects._not_dispatched_again``).
+  or ``deadline`` stop rejects it (``_effects.not_dispatched_again``).
 * A stop rejects every queued admission request, including an effect's permit re-acquire
   that is in no ready list (``_stops.begin_stop`` -> ``AdmissionController.reject_all``).
 """

@@ -51,9 +51,9 @@ def _store_of(ctx: click.Context, uri: str | None) -> str | None:
 def demo_command(ctx: click.Context, uri: str | None, kill_after: int, delay: float) -> None:
     """Run the order pipeline, SIGKILL its worker mid-graph, recover in a fresh process."""
     from agentium_graph.cli import _error_line
+    from agentium_graph.demo._demo import Stopped, run_demo, stop_workers
 
     uri = _store_of(ctx, uri)
-    from agentium_graph.demo._demo import Stopped, run_demo, stop_workers
 
     workers: list[subprocess.Popen[bytes]] = []
     try:

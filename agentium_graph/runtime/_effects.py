@@ -164,7 +164,7 @@ async def execute_effect(run: TaskRun, node: NodeSpec, args: dict[str, Any], *,
             if runtime_cancelled() or run.stop is None:
                 raise
             # The run began stopping while this waited for its permit or its charge.
-            return _not_dispatched_again(run, action, verdict)
+            return not_dispatched_again(run, action, verdict)
         action = again
     request = ActionRequest(action_id=act, result_ref=action.result_ref, binding_id=binding.id,
                             binding_version=binding.version, args=args,
@@ -174,9 +174,10 @@ async def execute_effect(run: TaskRun, node: NodeSpec, args: dict[str, Any], *,
     return await _dispatch(run, node, connector, request, action, permit)
 
 
-def _not_dispatched_again(run: TaskRun, action: ActionRecord,
+def not_dispatched_again(run: TaskRun, action: ActionRecord,
                           verdict: Absent | Unknown) -> Outcome:
-    """A recovered action that was to be dispatched again when the run began stopping."""
+    """A recovered action that was to be dispatched again when the run began stopping (or
+    that a stop looked up: :mod:`_stop_lookups`)."""
     assert run.stop is not None
     if run.stop.reason in ("budget", "recovery"):
         # The task stays resumable: the node stays running and the next run reconciles the

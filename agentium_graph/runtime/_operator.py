@@ -54,6 +54,7 @@ T = TypeVar("T")
 # The reason recorded for a cancel that gives none.
 DEFAULT_CANCEL_REASON = "canceled by the host"
 
+
 class TimelinePage(BaseModel):
     """One page of a task's journal in its stable order; pass ``next_cursor`` for more."""
 

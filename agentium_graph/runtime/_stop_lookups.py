@@ -19,12 +19,13 @@ lost, ``run()`` canceled) abandons them with its other work.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from agentium_graph.catalog._bindings import ToolBinding
 from agentium_graph.connectors import Absent, ActionOutcome, Unknown
-from agentium_graph.runtime._effects import receipt, reconcile
-from agentium_graph.runtime._outcome import Outcome, check_output
+from agentium_graph.runtime._effects import not_dispatched_again, receipt, reconcile
+from agentium_graph.runtime._stops import crash_left
 from agentium_graph.store._records import ActionRecord
 from agentium_graph.store._requests import RecordAction, Step
 
@@ -34,13 +35,6 @@ if TYPE_CHECKING:
 Verdict = ActionOutcome | Absent | Unknown
 
 TERMINAL_STOPS = ("canceled", "deadline", "failed")
-
-
-def crash_left(run: TaskRun) -> list[ActionRecord]:
-    """The ``dispatching`` actions of the nodes a terminal stop is about to close."""
-    return [a for a in sorted(run.actions.values(), key=lambda a: a.action_id)
-            if a.state == "dispatching" and a.node_id in run.nodes
-            and a.node_id not in run.closed and a.action_id not in run.stop_settled]
 
 
 def advance(run: TaskRun, steps: list[Step], blobs: dict[str, str], launching: bool) -> bool:
@@ -109,50 +103,36 @@ async def _look_up(run: TaskRun, actions: list[ActionRecord]
 
 def _settle(run: TaskRun, found: list[tuple[ActionRecord, ToolBinding | None, Verdict]],
             steps: list[Step], blobs: dict[str, str]) -> None:
-    stop = run.stop
-    assert stop is not None
     for action, binding, verdict in found:
         if isinstance(verdict, Unknown):
             run.stop_unknown[action.action_id] = verdict.reason
             continue
-        run.stop_settled.add(action.action_id)
-        if isinstance(verdict, Absent):
-            rejected = action.model_copy(update={
-                "state": "rejected", "fence": run.fence,
-                "reason": "proved absent by a lookup; not dispatched again because the task "
-                          f"stopped ({stop.reason})"})
-            if run.graph.specs[action.node_id].kind != "agent":
-                # Closed now, as the stop closes it, even if another action is surfaced and
-                # the task ends recovery_required (which leaves open nodes open).
-                run.settle(action.node_id, Outcome("canceled", action=rejected), steps, blobs)
-            else:
-                steps.append(RecordAction(action=rejected))
-            continue
-        assert binding is not None
         spec = run.graph.specs[action.node_id]
-        if spec.kind != "agent":
-            # The effect node's own action: the node completes with the receipt.
-            found_receipt = receipt(run, spec, action, verdict, source="reconcile")
-            if found_receipt.state != "completed":
-                # Surfaced with the others, under this stop (_stops._surface), not as a
-                # stop of its own that would leave them open.
-                run.stop_settled.discard(action.action_id)
-                error = found_receipt.error
+        agent = spec.kind == "agent"
+        if isinstance(verdict, Absent):
+            outcome = not_dispatched_again(run, action, verdict)
+        else:
+            assert binding is not None
+            # Checked against the tool that sent it: the effect node's own, or the agent's.
+            outcome = receipt(run, replace(spec, binding=binding) if agent else spec, action,
+                              verdict, source="reconcile")
+            if outcome.state != "completed":
+                # Surfaced with the unknown ones under this stop (_stops._surface), not as
+                # a stop of its own that would leave them open.
+                error = outcome.error
                 run.stop_unknown[action.action_id] = "the outcome it found is invalid: " + (
-                    error.message if error is not None else found_receipt.state)
+                    error.message if error is not None else outcome.state)
                 continue
-            run.settle(action.node_id, found_receipt, steps, blobs)
-            continue
-        # A tool call of an agent that stops here: the receipt stays in the ledger.
-        checked: Outcome = check_output(action.node_id, binding, verdict.output,
-                                        run.max_blob_bytes)
-        if checked.state != "completed" or checked.digest is None or checked.text is None:
-            message = checked.error.message if checked.error is not None else checked.state
-            # Surfaced with its agent node, as an unknown outcome is (_stops._surface).
-            run.stop_settled.discard(action.action_id)
-            run.stop_unknown[action.action_id] = f"the outcome it found is invalid: {message}"
-            continue
-        blobs[checked.digest] = checked.text
-        steps.append(RecordAction(action=action.model_copy(update={
-            "state": "confirmed", "outcome_digest": checked.digest,
-            "outcome_source": "reconcile", "result_ref_returned": verdict.result_ref})))
+        run.stop_settled.add(action.action_id)
+        if agent:
+            # A tool call of an agent that stops here: only the ledger records it (the stop
+            # closes the agent node).
+            assert outcome.action is not None
+            steps.append(RecordAction(action=outcome.action))
+            if outcome.action.outcome_digest and outcome.text is not None:
+                blobs[outcome.action.outcome_digest] = outcome.text
+        else:
+            # The effect node's own action: the node completes with the receipt, or is
+            # closed canceled now (even if another action is surfaced and the task ends
+            # recovery_required, which leaves open nodes open).
+            run.settle(action.node_id, outcome, steps, blobs)

@@ -354,11 +354,17 @@ def _unreconciled(run: TaskRun, stop: Stop) -> dict[str, list[ActionRecord]]:
     found: dict[str, list[ActionRecord]] = {}
     if stop.reason in ("budget", "recovery"):
         return found  # the task stays resumable: its next run reconciles them
-    for action in sorted(run.actions.values(), key=lambda a: a.action_id):
-        if action.state == "dispatching" and action.node_id in run.nodes and \
-                action.node_id not in run.closed and action.action_id not in run.stop_settled:
-            found.setdefault(action.node_id, []).append(action)
+    for action in crash_left(run):
+        found.setdefault(action.node_id, []).append(action)
     return found
+
+
+def crash_left(run: TaskRun) -> list[ActionRecord]:
+    """The ``dispatching`` actions of the nodes still open, by action id, but those a stop's
+    lookups settled (:mod:`_stop_lookups`)."""
+    return [a for a in sorted(run.actions.values(), key=lambda a: a.action_id)
+            if a.state == "dispatching" and a.node_id in run.nodes
+            and a.node_id not in run.closed and a.action_id not in run.stop_settled]
 
 
 def _surface(run: TaskRun, stop: Stop, hidden: dict[str, list[ActionRecord]],
