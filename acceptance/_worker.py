@@ -106,7 +106,8 @@ async def main(config: dict[str, Any]) -> dict[str, Any]:
     if graph == "effect":
         from acceptance import _effect_graph
 
-        cat = _effect_graph.catalog(log, config["server_url"], config.get("idempotent", False))
+        cat = _effect_graph.catalog(log, config["server_url"], config.get("idempotent", False),
+                                   config.get("hold_first_post"))
         prog = _effect_graph.program()
     elif graph == "planner":
         from acceptance import _planner_graph

@@ -7,9 +7,13 @@ one where the outcome is knowable), the receipts, the counters and the task stat
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -148,3 +152,42 @@ async def test_idempotent_destination_replays_under_the_same_key(
     server.fail_lookups(None)
     await finish_and_check(case, store_of, server, idempotent=True, source="dispatch")
     assert server.post_count == 2 and server.replay_count == 1  # deduped by the key
+
+
+@pytest.mark.parametrize("refuse", [True, False], ids=["fencing-destination", "no-fencing"])
+async def test_a_frozen_workers_late_dispatch_carries_its_old_fence(
+        case: Case, store_of: DurableTaskStore, tmp_path: Path, refuse: bool) -> None:
+    """A worker frozen after its intent commit, just before its POST, past its lease: a
+    fresh worker proves the action absent and dispatches it again under fence 2, then the
+    frozen one wakes and sends its POST under fence 1. A destination that cannot dedupe
+    by key refuses it by the fence header (one acceptance); without that it accepts a
+    second charge. Either way the frozen worker's writes are fenced out."""
+    hold = tmp_path / "hold"
+    with IdempotentTestServer(dedupe=False, refuse_stale_fences=refuse) as server:
+        frozen = case.start(**effect_case(case, server, create=True, worker="frozen",
+                                          hold_first_post=str(hold), lease_ttl=1.0,
+                                          poll_interval=0.2))
+        try:
+            deadline = time.monotonic() + 60
+            while not hold.with_suffix(".held").exists():
+                assert frozen.poll() is None, frozen.communicate()
+                assert time.monotonic() < deadline, "the worker never reached its POST"
+                await asyncio.sleep(0.02)
+            assert hold.with_suffix(".held").read_text() == "1"  # its fence, as sent
+            code, out, err = case.run(**effect_case(case, server, worker="fresh", wait=True,
+                                                    lease_ttl=1.0))
+            assert code == 0 and out is not None and out["ok"], (out, err)
+            assert out["output"]["receipt"] == {"text": f"charged {AMOUNT} EUR"}
+            assert server.accepted_count == 1 and server.lookup_count == 1
+        finally:
+            hold.with_suffix(".go").write_text("go")
+        stdout, stderr = frozen.communicate(timeout=60)
+        late = json.loads(stdout.strip().splitlines()[-1])
+        assert late["ok"] is False and late["error"] == "StaleFenceError", (late, stderr)
+        snap = await store_of.get_task(case.key)
+        assert snap is not None and snap.header.status == "completed"
+        [action] = snap.actions.values()
+        assert action.state == "confirmed" and action.dispatches == 2
+        assert server.post_count == 2 and server.stale_refused == (1 if refuse else 0)
+        assert server.accepted_for(action.action_id) == (1 if refuse else 2)
+    assert case.starts("prep") == 1 and case.starts("receipt") == 1

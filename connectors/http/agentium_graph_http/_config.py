@@ -71,9 +71,13 @@ class HttpConnectorConfig(BaseModel):
     gzip or deflate body is inflated no further than that). ``dispatch_attempts`` applies
     only when ``idempotent_destination`` is true: only then is resending a POST with the
     same key safe. ``lookup_attempts`` bounds lookup retries (GETs are always safe to
-    repeat). Types are exact: ``idempotent_destination`` takes a real bool, the attempt
-    counts and ``max_response_bytes`` real ints, the ``*_s`` durations an int or a float;
-    never a bool or a string standing in for a number (``True`` is not 1 here).
+    repeat). ``fence_header`` and ``dispatch_header`` name the headers that carry the
+    request's lease fence and dispatch number when the runtime set them (``None`` sends
+    neither): a destination that cannot dedupe by key can refuse a post whose fence is
+    lower than one it already accepted for that key. Types are exact:
+    ``idempotent_destination`` takes a real bool, the attempt counts and
+    ``max_response_bytes`` real ints, the ``*_s`` durations an int or a float; never a bool
+    or a string standing in for a number (``True`` is not 1 here).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -86,6 +90,8 @@ class HttpConnectorConfig(BaseModel):
     method: Literal["POST", "PUT"] = "POST"
     headers: dict[str, str] = Field(default_factory=dict, repr=False)
     idempotency_header: str = "Idempotency-Key"
+    fence_header: str | None = "Agentium-Fence"
+    dispatch_header: str | None = "Agentium-Dispatch"
     timeout_s: float = Field(default=10.0, gt=0, le=600)
     lookup_timeout_s: float | None = Field(default=None, gt=0, le=600)
     idempotent_destination: bool = True
@@ -161,9 +167,11 @@ class HttpConnectorConfig(BaseModel):
                              "placeholder, e.g. '/charges/{key}'")
         return path
 
-    @field_validator("idempotency_header")
+    @field_validator("idempotency_header", "fence_header", "dispatch_header")
     @classmethod
-    def _check_header_name(cls, value: str) -> str:
+    def _check_header_name(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         if not _TOKEN.fullmatch(value):
             raise ValueError(f"{value!r} is not a valid header name")
         if value.lower() in _FRAMING | _SET_PER_REQUEST:
@@ -190,13 +198,19 @@ class HttpConnectorConfig(BaseModel):
     def _check_reserved(self) -> HttpConnectorConfig:
         # Accept too: the connector reads only JSON and asks for it on every request, so a
         # static one was silently replaced (or, spelled in another case, sent twice).
-        reserved = {self.idempotency_header.lower(), "content-type", "accept", *_FRAMING}
+        own = [h for h in (self.idempotency_header, self.fence_header, self.dispatch_header)
+               if h is not None]
+        if len({h.lower() for h in own}) != len(own):
+            raise ValueError("idempotency_header, fence_header and dispatch_header must be "
+                             f"three different headers (got {', '.join(map(repr, own))}); "
+                             "set fence_header or dispatch_header to None to send neither")
+        reserved = {*(h.lower() for h in own), "content-type", "accept", *_FRAMING}
         clash = sorted(n for n in self.headers if n.lower() in reserved)
         if clash:
             raise ValueError(f"headers must not set {', '.join(clash)}: the connector sets "
-                             "the key, the content type, Accept (it reads JSON only) and the "
-                             "message framing per request, and hop-by-hop fields could let a "
-                             "proxy strip the key")
+                             "the key, the fence and dispatch number, the content type, "
+                             "Accept (it reads JSON only) and the message framing per "
+                             "request, and hop-by-hop fields could let a proxy strip the key")
         return self
 
     @property

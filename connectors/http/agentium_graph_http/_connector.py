@@ -53,7 +53,9 @@ class HttpActionConnector:
     ``GET <lookup path>/{key}`` with the stored response (200) or 404 for a key it never
     accepted. :meth:`dispatch` sends ``request.args`` as a JSON body with
     ``Idempotency-Key: request.action_id`` (the runtime's ``result_ref`` is the action id, so
-    :meth:`resolve_result` looks up exactly the key that was sent).
+    :meth:`resolve_result` looks up exactly the key that was sent), plus
+    ``Agentium-Fence`` / ``Agentium-Dispatch`` with the request's fence and dispatch number
+    when the runtime set them.
 
     Construct it with keyword options (mirroring :class:`HttpConnectorConfig`) or from a
     config with :meth:`from_config`. Pass ``client=`` to share a caller-owned, pooling
@@ -74,7 +76,9 @@ class HttpActionConnector:
                  create_path: str = "/charges", lookup_path_template: str = "/charges/{key}",
                  method: Literal["POST", "PUT"] = "POST",
                  headers: Mapping[str, str] | None = None,
-                 idempotency_header: str = "Idempotency-Key", timeout_s: float = 10.0,
+                 idempotency_header: str = "Idempotency-Key",
+                 fence_header: str | None = "Agentium-Fence",
+                 dispatch_header: str | None = "Agentium-Dispatch", timeout_s: float = 10.0,
                  lookup_timeout_s: float | None = None, idempotent_destination: bool = True,
                  dispatch_attempts: int = 3, lookup_attempts: int = 1,
                  retry_wait_s: float = 0.25, retry_max_wait_s: float = 5.0,
@@ -90,6 +94,7 @@ class HttpActionConnector:
             "base_url": base_url, "id": id, "version": version, "create_path": create_path,
             "lookup_path_template": lookup_path_template, "method": method,
             "headers": dict(headers or {}), "idempotency_header": idempotency_header,
+            "fence_header": fence_header, "dispatch_header": dispatch_header,
             "timeout_s": timeout_s, "lookup_timeout_s": lookup_timeout_s,
             "idempotent_destination": idempotent_destination,
             "dispatch_attempts": dispatch_attempts, "lookup_attempts": lookup_attempts,
@@ -157,6 +162,10 @@ class HttpActionConnector:
                                      f"({exc}); nothing was sent", url=url) from None
         headers = {**cfg.headers, cfg.idempotency_header: request.action_id,
                    "Content-Type": "application/json", "Accept": "application/json"}
+        if cfg.fence_header is not None and request.fence is not None:
+            headers[cfg.fence_header] = str(request.fence)
+        if cfg.dispatch_header is not None and request.dispatch is not None:
+            headers[cfg.dispatch_header] = str(request.dispatch)
         attempts = cfg.dispatch_attempts if cfg.idempotent_destination else 1
         reached: int | None = None  # the first attempt that may have taken effect
         for attempt in range(1, attempts + 1):

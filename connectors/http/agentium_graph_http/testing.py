@@ -9,6 +9,8 @@ port unless ``port=`` is given) in a background thread and serves a tiny payment
                                                 response; no new acceptance
                          same key, other body-> 422; nothing accepted
                          same key while a post with it is still in flight -> 409
+                         with refuse_stale_fences=True: an Agentium-Fence lower than
+                         the highest one this key arrived with -> 412; nothing accepted
     GET /charges/{key}   200 + the stored response; 409 while a post with that key is
                          still in flight (arrived, not yet accepted or refused); 404 only
                          if the key was never accepted and is not in flight
@@ -77,7 +79,7 @@ def read_server_state(path: str | os.PathLike[str]) -> ServerState:
 
 def _empty() -> dict[str, Any]:
     return {"format": 1, "seq": 0, "records": {}, "accepted": {}, "replays": 0,
-            "in_flight": {}}
+            "in_flight": {}, "fences": {}}
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -163,13 +165,15 @@ class IdempotentTestServer:
     runs in the server thread after an acceptance is persisted and before the response is
     sent: a crash harness can kill its worker there (if it raises, the connection closes
     without a response and the traceback lands in ``server_errors``). ``max_hang_s`` bounds
-    every hang.
+    every hang. ``refuse_stale_fences=True`` keeps the highest ``Agentium-Fence`` each key
+    arrived with and refuses (412, nothing accepted) a post with a lower one: what a
+    destination that cannot dedupe does against a worker paused past its lease.
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, resource: str = "charges",
                  dedupe: bool = True, state_path: str | os.PathLike[str] | None = None,
                  on_accept: Callable[[str], None] | None = None,
-                 max_hang_s: float = 60.0) -> None:
+                 max_hang_s: float = 60.0, refuse_stale_fences: bool = False) -> None:
         if not resource or "/" in resource:
             raise ValueError("resource must be one path segment, e.g. 'charges'")
         self.host = host
@@ -178,6 +182,7 @@ class IdempotentTestServer:
         self.state_path = Path(state_path) if state_path is not None else None
         self.on_accept = on_accept
         self.max_hang_s = max_hang_s
+        self.refuse_stale_fences = refuse_stale_fences
         self._requested_port = port
         self._cond = threading.Condition()
         self._memory = _empty()
@@ -192,6 +197,8 @@ class IdempotentTestServer:
         self._thread: threading.Thread | None = None
         self.post_count = 0
         self.lookup_count = 0
+        self.stale_refused = 0
+        self.last_post_headers: dict[str, str] = {}
         self.server_errors: list[str] = []
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -382,7 +389,8 @@ class IdempotentTestServer:
                 if write:
                     _save(self.state_path, data)
 
-    def _handle_post(self, key: str | None, body: Any) -> tuple[int, Any, str]:
+    def _handle_post(self, key: str | None, body: Any,
+                     fence: str | None = None) -> tuple[int, Any, str]:
         """Decide a post: (status, JSON response, how to answer), the last one of
         ``respond``, ``replay``, ``drop`` (close without answering) or ``non_json``."""
         with self._cond:
@@ -395,6 +403,10 @@ class IdempotentTestServer:
         fault = self._take("fail_posts")
         if fault is not None:
             return fault.status, _error("unavailable", "try again later"), "respond"
+        if self.refuse_stale_fences and fence is not None:
+            refused = self._stale_fence(key, fence)
+            if refused is not None:
+                return 412, refused, "respond"
         hang = self._take("hang_posts_before")
         digest = _digest(body)
         if hang is not None:
@@ -437,6 +449,21 @@ class IdempotentTestServer:
         if self._take("non_json_after_accept") is not None:
             return 200, response, "non_json"
         return 201, response, "respond"
+
+    def _stale_fence(self, key: str, fence: str) -> dict[str, Any] | None:
+        """Record ``fence`` for ``key``, or the 412 body refusing it as lower than seen."""
+        if not (fence.isascii() and fence.isdigit()):
+            return _error("invalid_fence", "Agentium-Fence must be a non-negative integer")
+        with self._transaction(write=True) as data:
+            fences = data.setdefault("fences", {})
+            highest = fences.get(key, 0)
+            if int(fence) < highest:
+                with self._cond:
+                    self.stale_refused += 1
+                return _error("stale_fence", f"fence {fence} is lower than fence {highest} "
+                              f"seen for key {key!r}; a newer worker owns this action")
+            fences[key] = int(fence)
+        return None
 
     def _handle_lookup(self, key: str) -> tuple[int, Any]:
         with self._cond:
@@ -531,7 +558,10 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(raw)
         except ValueError:
             body = None
-        status, response, action = app._handle_post(self.headers.get("Idempotency-Key"), body)
+        with app._cond:
+            app.last_post_headers = dict(self.headers.items())
+        status, response, action = app._handle_post(self.headers.get("Idempotency-Key"), body,
+                                                     self.headers.get("Agentium-Fence"))
         if action == "drop":
             self.close_connection = True
             with contextlib.suppress(OSError):
