@@ -394,6 +394,14 @@ def _verify(found: _Found, path: Path) -> int:
                                 p=shlex.quote(str(path)), m=marks),
             details={**details, "schema_version": version, "fix": marks})
     objects = sorted(found.tables | found.others)
+    if found.application_id == APPLICATION_ID and found.meta is None:
+        raise StoreSchemaError(
+            f"cannot open SQLite store {str(path)!r}: its file header carries "
+            "agentium-graph-sqlite's application id"
+            + (f" and schema version {found.user_version}" if found.user_version else "")
+            + f", but its meta table is gone (tables: {', '.join(objects) or 'none'}): it "
+            "was emptied or damaged; restore it from a backup or use a new file (this one "
+            "was left unchanged)", details={**details, "schema_version": found.user_version})
     if found.application_id != APPLICATION_ID or meta.get("application") != APPLICATION:
         raise StoreSchemaError(
             f"cannot open SQLite store {str(path)!r}: it is another application's SQLite "
@@ -404,6 +412,17 @@ def _verify(found: _Found, path: Path) -> int:
     # whose header says newer is newer whatever meta says.
     if found.user_version > SCHEMA_VERSION and version >= 1:
         version = found.user_version
+    elif found.user_version and found.user_version != version and version <= SCHEMA_VERSION:
+        # Both are written in one transaction (version 1 wrote no user_version), so they
+        # only disagree in a file changed by hand; migrating by either could corrupt it.
+        # (A meta version newer than this code is reported as newer, below.)
+        raise StoreSchemaError(
+            f"cannot open SQLite store {str(path)!r}: its metadata disagrees about the "
+            f"store schema version (meta table: {meta.get('schema_version')!r}, file "
+            f"header user_version: {found.user_version}), which this store never writes; "
+            "restore it from a backup or use a new file (this one was left unchanged)",
+            details={**details, "schema_version": found.user_version,
+                     "meta_schema_version": meta.get("schema_version")})
     if version > SCHEMA_VERSION:
         raise StoreSchemaError(
             f"cannot open SQLite store {str(path)!r}: it was written with store schema "
