@@ -130,6 +130,7 @@ def _as_version_1(path: Path) -> None:
     conn.execute("DROP TABLE nodes")
     conn.execute("ALTER TABLE nodes_v1 RENAME TO nodes")
     conn.execute("UPDATE meta SET value = '1' WHERE name = 'schema_version'")
+    conn.execute("PRAGMA user_version = 0")  # version 1 set none
     conn.execute("COMMIT")
     conn.close()
 
