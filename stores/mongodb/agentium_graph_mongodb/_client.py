@@ -4,7 +4,9 @@ may take, and URIs shown without their secrets."""
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import warnings
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -69,7 +71,9 @@ def call_deadline(client: AsyncMongoClient[dict[str, Any]]) -> float | None:
 def _client_from_uri(uri: str, server_selection_timeout_s: float, connect_timeout_s: float,
                      socket_timeout_s: float) -> AsyncMongoClient[dict[str, Any]]:
     try:
-        query = urlsplit(uri).query
+        parts = urlsplit(uri)
+        query = parts.query
+        _check_srv_host(parts.scheme, parts.netloc)
         _check_options(query)
         given = {name.lower() for name, _ in _options(query)}
         options: dict[str, Any] = {}
@@ -92,6 +96,22 @@ def _client_from_uri(uri: str, server_selection_timeout_s: float, connect_timeou
             f"invalid MongoDB URI {_redact(uri)!r}: {reason}; expected "
             "mongodb://[user:password@]host[:port][/?options] or mongodb+srv://host/",
             details={"uri": _redact(uri), "argument": "uri_or_client"}) from None
+
+
+def _check_srv_host(scheme: str, netloc: str) -> None:
+    """pymongo refuses an IP address after ``mongodb+srv://`` only when it first resolves
+    the name (a permanent error on the first call); refuse it here, with the other
+    malformed URIs."""
+    if scheme.lower() != "mongodb+srv":
+        return
+    host = netloc.rpartition("@")[2].strip("[]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return
+    raise ValueError("mongodb+srv:// needs a DNS name whose SRV records list the servers, "
+                     "not an IP address; for one server at an address use "
+                     "mongodb://ADDRESS:PORT/")
 
 
 def _options(query: str) -> list[tuple[str, str]]:
@@ -120,15 +140,27 @@ def _check_options(query: str) -> None:
             raise ValueError(f"URI option {name!r} is given more than once; give it once")
         seen.add(lowered)
     try:
-        split_options(query, validate=True, warn=False)
+        _split_strictly(query)
     except (PyMongoConfigurationError, ValueError, TypeError) as exc:
         for name, value in _options(query):
             try:
-                split_options(f"{name}={value}", validate=True, warn=False)
+                _split_strictly(f"{name}={value}")
             except (PyMongoConfigurationError, ValueError, TypeError):
                 raise ValueError(f"URI option {name!r} is unknown or has a malformed value "
                                  f"({exc})") from None
         raise
+
+
+def _split_strictly(query: str) -> None:
+    """pymongo's own check of ``query``, where a warning is an error too: it only warns
+    about a value it then drops (``compressors=zlibb``, a compressor whose module is not
+    installed), and the client would go on without what the URI asked for."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        split_options(query, validate=True, warn=False)
+    for warning in caught:
+        if issubclass(warning.category, UserWarning):
+            raise ValueError(str(warning.message))
 
 
 def _without_password(uri: str, text: str) -> str:

@@ -349,7 +349,7 @@ def stalled_call(op: str, where: str, deadline_s: float | None, *,
             "(or pass a mongodb:// URI: the store then replaces a stuck client itself), "
             "then run the task again: it stays recoverable")
     return StoreUnavailableError(
-        f"MongoDB store ({where}): {op} gave no answer within {deadline_s or 0:.0f}s (the "
+        f"MongoDB store ({where}): {op} gave no answer within {deadline_s or 0:g}s (the "
         "server selection, connect and socket timeouts together, twice the socket one, "
         f"plus 5s): the server stopped answering or the driver is stuck; {then}",
         details={"op": op, "where": where, "driver_error": "stalled",

@@ -179,6 +179,9 @@ class Session:
         self.cache = cache
         self.cas_attempts = cas_attempts
         self.retries = retries  # side records inserted again, then the CAS: how many times
+        self.users = 0  # protocol operations running on this session (see the store's _call)
+        self.idle = asyncio.Event()
+        self.idle.set()
 
     # --- reads ----------------------------------------------------------------------------
     async def _find_one(self, op: str, key: str,
@@ -582,6 +585,7 @@ class Session:
         for want in taken:
             have = found.get(want["_id"])
             if have is None:
+                await self._slot_not_ours(op, key, want)
                 return False  # removed meanwhile by a claimant: start over
             if have.get("t") != token:
                 foreign.append(have)
@@ -595,6 +599,22 @@ class Session:
         if not foreign:
             return True
         return await self._claim(op, key, seq, foreign)
+
+    async def _slot_not_ours(self, op: str, key: str, want: dict[str, Any]) -> None:
+        """Raise if the task's journal slot ``want`` is held by a document under another
+        ``_id`` (only a hand-made or foreign document: the store names every entry by its
+        task and seq). The unique index refuses every insert into it, so the commit would
+        otherwise retry as if it kept losing a race."""
+        async def fetch() -> dict[str, Any] | None:
+            return await self.journal.find_one({"k": key, "s": want["s"]}, {"_id": 1})
+        held = await self.io(op, fetch)
+        if held is not None and held.get("_id") != want["_id"]:
+            raise StoreSchemaError(
+                f"task {key!r}: journal entry {want['s']} is held by a document with _id "
+                f"{str(held.get('_id'))[:100]!r} in the journal collection, which this store "
+                f"did not write (it names that entry {want['_id']!r}); no commit of the task "
+                "can succeed until it is removed or the database is restored from a backup",
+                details={"key": key, "seq": want["s"], "reason": "journal_slot_taken"})
 
     async def _claim(self, op: str, key: str, seq: int,
                      foreign: list[dict[str, Any]]) -> bool:

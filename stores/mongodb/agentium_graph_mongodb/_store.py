@@ -435,11 +435,17 @@ class MongoDBDurableTaskStore:
             fresh = _client_from_uri(self._uri, *self._client_options)
         except StoreError:  # pragma: no cover - the URI made the first client
             return False
-        old, state.client, state.session = state.client, fresh, None
+        old, used = state.client, state.session
+        state.client, state.session = fresh, None
         state.cache.clear()
-        closing = asyncio.ensure_future(_close_quietly(old))
+        # Operations of other tasks may be running on the old client, healthy: closing it
+        # under them would fail each with InvalidOperation. It is closed once they ended
+        # (bounded: one of them may be stuck in the same pool).
+        closing = asyncio.ensure_future(_close_when_idle(old, used, state.deadline_s))
         _CLOSING.add(closing)
         closing.add_done_callback(_CLOSING.discard)
+        state.retiring.add(closing)
+        closing.add_done_callback(state.retiring.discard)
         log.warning("MongoDB store (%s): a driver call stalled; the store replaced its "
                     "client", self._where)
         return True
@@ -609,7 +615,15 @@ class MongoDBDurableTaskStore:
     async def _call(self, op: str, write: bool, fn: Callable[[Session], Awaitable[T]]) -> T:
         """One protocol operation on the running loop's session."""
         with text_errors(op, self._where):
-            return await fn(await self._ready(op if write else None))
+            session = await self._ready(op if write else None)
+            session.users += 1
+            session.idle.clear()
+            try:
+                return await fn(session)
+            finally:
+                session.users -= 1
+                if not session.users:
+                    session.idle.set()
 
     # --- DurableTaskStore ------------------------------------------------------------------
     async def create_task(self, request: CreateTaskRequest) -> CreateTaskResult:
@@ -700,6 +714,17 @@ def _outcome_seen(call: asyncio.Future[Any]) -> None:
         call.exception()
 
 
+async def _close_when_idle(client: AsyncMongoClient[dict[str, Any]], used: Session | None,
+                           deadline_s: float | None) -> None:
+    """Close a replaced client once the operations running on it ended, waiting at most
+    twice a call's bound (each of their calls ends within one)."""
+    if used is not None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2 * (deadline_s or 30.0)):
+                await used.idle.wait()
+    await _close_quietly(client)
+
+
 async def _close_quietly(client: AsyncMongoClient[dict[str, Any]]) -> None:
     """Close a client whose pool may be stuck, giving up after a few seconds."""
     with contextlib.suppress(Exception):
@@ -733,6 +758,7 @@ class _LoopState:
     session: Session | None = None
     guard: AsyncGenerator[None, None] | None = None
     closed: bool = False
+    retiring: set[asyncio.Future[None]] = field(default_factory=set)  # replaced, closing
 
     async def shutdown(self) -> None:
         """Close an owned client; on this state's loop only. Never raises."""
@@ -740,6 +766,8 @@ class _LoopState:
             return
         self.closed = True
         self.cache.clear()
+        if self.retiring:  # clients replaced after a stall: let them finish closing
+            await asyncio.wait(set(self.retiring), timeout=6.0)
         if self.owned:
             with contextlib.suppress(PyMongoError, OSError, RuntimeError):
                 await self.client.close()

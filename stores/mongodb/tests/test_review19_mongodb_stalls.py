@@ -254,3 +254,42 @@ async def test_stores_stamping_a_new_database_together_are_not_refused(
     finally:
         for opened in stores:
             await opened.close()
+
+
+async def test_a_healthy_call_beside_a_stalled_one_survives_the_replacement(
+        mongodb_uri: str, mongodb_database: str, short_deadline: None,
+        stubborn: Stubborn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review 26: the replaced client was closed at once, under another task's
+    call still running on it, which then failed with a permanent StoreError ('the MongoDB
+    client is closed or unusable; create a new MongoDBDurableTaskStore'). The old client
+    is closed once the operations using it ended."""
+    async with open_store(mongodb_uri, mongodb_database, retries=3) as store:
+        await _created(store, "stall")
+        await _created(store, "healthy")
+        store._state().cache.clear()
+        old = store._state().client
+        real = AsyncCollection.find_one
+        stubborn.install(monkeypatch)
+        stuck = AsyncCollection.find_one
+
+        async def find_one(collection: AsyncCollection[Any], flt: Any = None, *args: Any,
+                           **kwargs: Any) -> Any:
+            if (flt or {}).get("_id") == "healthy":  # slow, in flight when the other stalls
+                await asyncio.sleep(STALL_S * 0.9)
+                return await real(collection, flt, *args, **kwargs)
+            return await stuck(collection, flt, *args, **kwargs)
+
+        monkeypatch.setattr(AsyncCollection, "find_one", find_one)
+
+        async def healthy() -> Any:
+            await stubborn.started.wait()
+            await asyncio.sleep(STALL_S * 0.6)  # still running when the replacement happens
+            return await store.get_header("healthy")
+
+        stalled, header = await asyncio.gather(store.get_header("stall"), healthy(),
+                                               return_exceptions=True)
+        assert isinstance(stalled, StoreUnavailableError)
+        assert stalled.details["client_replaced"] is True
+        assert not isinstance(header, BaseException), header
+        assert header is not None and header.key == "healthy"
+        assert store._state().client is not old
