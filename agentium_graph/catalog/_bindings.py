@@ -447,10 +447,10 @@ class RepeatBinding(_BindingBase):
 
     program: ExecutionGraphProgram
     max_iterations: int = Field(ge=1, le=10_000)
+    condition: Callable[..., bool]
 
     def input_errors(self, value: Any) -> list[SchemaViolation]:
         return _with_program_input(self, super().input_errors(value), value)
-    condition: Callable[..., bool]
 
     kind: ClassVar[BindingKind] = "repeat"
 
@@ -478,6 +478,19 @@ class RepeatBinding(_BindingBase):
                 "condition is an async function; the guard must be a "
                 "plain, pure 'def condition(...) -> bool' (do async work in a node of the "
                 "repeated program instead)")
+        try:
+            signature = inspect.signature(self.condition)
+        except (TypeError, ValueError):  # a builtin without one: called as it is
+            return self
+        try:
+            signature.bind({})
+        except TypeError:
+            # Found here, not after iteration 0 has spent its tool calls and expansion.
+            raise ValueError(
+                f"condition {getattr(self.condition, '__name__', self.condition)!r} cannot "
+                f"be called with one positional argument (its signature is {signature}); "
+                "the guard is called as condition(state), state a dict with 'iteration', "
+                "'outputs' (the iteration's node outputs) and 'input'") from None
         return self
 
     def _descriptor_extra(self) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from agentium_graph.errors import ErrorInfo, NodeOutputError, described
 from agentium_graph.plan._validate import CompiledPlan
 from agentium_graph.runtime._graph import NodeSpec, Scope, child_prefix
 from agentium_graph.runtime._outcome import bytes_over, schema_error
+from agentium_graph.runtime._stops import observe_stop
 from agentium_graph.store._records import NodeRecord, new_node
 from agentium_graph.store._requests import (
     AddNodes,
@@ -197,6 +198,10 @@ def advance(run: TaskRun, steps: list[Step], blobs: dict[str, str],
             "iteration": i, "decision": "stop" if stop_reason else "continue",
             **({"reason": stop_reason} if stop_reason else {})}))
         if stop_reason is None:
+            observe_stop(run)  # the condition may have taken long: a deadline passed meanwhile
+            if run.stop is not None:
+                steps.pop()  # decided again by a run that can start the iteration
+                continue
             made = materialize(run, spec, i + 1, pending)
             if made is None:
                 steps.pop()  # the decision is journaled when the iteration can start

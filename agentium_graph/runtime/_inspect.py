@@ -53,7 +53,8 @@ async def build_view(store: DurableTaskStore, snapshot: TaskSnapshot,
         problems.append(f"committed plan of revision {header.revision} (blob {plan_digest}) "
                         f"is {plan_problem}")
     views: dict[str, NodeView] = {}
-    for node_id, rec in snapshot.nodes.items():
+    # In node-id order on every store (each keeps its records in an order of its own).
+    for node_id, rec in sorted(snapshot.nodes.items()):
         output: Any = None
         if rec.output_digest:
             problem = blobs.problem(rec.output_digest)

@@ -249,9 +249,10 @@ def recovery_stop(run: TaskRun, reason: str = "") -> Stop:
 
 
 def also_failed(run: TaskRun, node_id: str, info: ErrorInfo | None) -> None:
-    """``node_id`` failed: the run stops for it, or, when it is stopping for another
+    """``node_id`` failed: the run stops for it (a budget stop too: the task is no longer
+    resumable, so it must not be reported as such), or, when it is stopping for another
     failure already, the containers holding it fail too (:func:`_failed_containers`)."""
-    if run.stop is None:
+    if run.stop is None or run.stop.reason == "budget":
         begin_stop(run, failure_stop(run, node_id, info))
     elif run.stop.reason == "failed":
         run.stop.also.append((node_id, info))

@@ -270,7 +270,10 @@ class _Apply:
                 continue  # idempotent re-materialization
             fresh.append(rec)
         if fresh:
-            self.charge(admission_id, {"expanded_nodes": len(fresh)}, None)
+            # Named after the container that grows (the one parent of a nested scope).
+            parents = {rec.parent for rec in fresh}
+            self.charge(admission_id, {"expanded_nodes": len(fresh)},
+                        parents.pop() if len(parents) == 1 else None)
         for rec in fresh:
             self.put(replace(rec, state="pending", updated_at=self.now))
             self.log("node_added", rec.node_id, incarnation_id=rec.incarnation_id,
