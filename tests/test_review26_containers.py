@@ -27,6 +27,7 @@ from agentium_graph import (
     GraphBinding,
     HostCatalog,
     InMemoryDurableTaskStore,
+    NodeFailedError,
     NodeOutputError,
     RepeatBinding,
     RootLimits,
@@ -127,3 +128,33 @@ async def test_an_expansion_charge_names_its_container_and_nodes_come_sorted() -
     assert [e.node_id for e in expansions] == ["R", "R"]  # its two iterations
     view = await runtime.inspect("k")
     assert list(view.nodes) == sorted(view.nodes) == ["R", "R/0/a", "R/1/a", "b", "z"]
+
+
+@pytest.mark.parametrize("kind", [GraphBinding, RepeatBinding])
+def test_a_plan_dict_as_the_program_names_the_binding_and_the_fix(kind: Any) -> None:
+    extra = {"max_iterations": 2, "condition": lambda s: True} if kind is RepeatBinding else {}
+    with pytest.raises(ConfigurationError) as info:
+        kind(id="nested", version="1", program={"schemaVersion": 1, "revision": 1,
+                                                "nodes": [_node("a", "one")]}, **extra)
+    text = str(info.value)
+    assert "'nested'" in text and "program" in text and "not a plan dict" in text
+
+
+class bool_:
+    """Named as numpy's, whose type calls itself 'bool' in numpy 2."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
+bool_.__qualname__ = "bool"  # what type(numpy.True_).__name__ shows
+
+
+async def test_a_bool_look_alike_from_another_module_is_named_by_its_module() -> None:
+    runtime = ExecutionGraphRuntime(catalog=HostCatalog([_tool(), _repeat(lambda s: bool_())]))
+    await runtime.create("k", program({"schemaVersion": 1, "revision": 1,
+                                       "nodes": [_node("R", "rep")]}))
+    with pytest.raises(NodeFailedError) as info:
+        await runtime.run("k")
+    assert f"returned {__name__}.bool on iteration 0" in str(info.value)
+    assert "a Python bool" in str(info.value)

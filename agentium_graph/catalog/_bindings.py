@@ -419,6 +419,17 @@ def _with_program_input(binding: GraphBinding | RepeatBinding,
     return sorted([*errors, *_errors(validator, value)], key=_path_key)
 
 
+def program_only(value: Any) -> Any:
+    """A plan dict given as a nested program: pydantic would try to build the program from
+    it and fail as 'invalid ExecutionGraphProgram: id: Field required; schemaVersion: Extra
+    inputs...', naming neither the binding nor the field."""
+    if isinstance(value, dict) and ("nodes" in value or "schemaVersion" in value) and \
+            "plan" not in value:
+        raise ValueError("must be an ExecutionGraphProgram(id=..., version=..., plan={...}), "
+                         "not a plan dict (the plan goes in the program's plan=)")
+    return value
+
+
 class GraphBinding(_BindingBase):
     """A nested program; output is the map of its node ids to their outputs.
 
@@ -431,6 +442,11 @@ class GraphBinding(_BindingBase):
 
     def input_errors(self, value: Any) -> list[SchemaViolation]:
         return _with_program_input(self, super().input_errors(value), value)
+
+    @field_validator("program", mode="before")
+    @classmethod
+    def _a_program(cls, value: Any) -> Any:
+        return program_only(value)
 
     @model_validator(mode="after")
     def _not_empty(self) -> GraphBinding:
@@ -458,6 +474,11 @@ class RepeatBinding(_BindingBase):
         """``RepeatBinding(program, max_iterations, condition=..., id=..., version=...)``."""
         super().__init__(**positional("RepeatBinding", ("program", "max_iterations"), args,
                                       data))
+
+    @field_validator("program", mode="before")
+    @classmethod
+    def _a_program(cls, value: Any) -> Any:
+        return program_only(value)
 
     @field_validator("max_iterations", mode="before")
     @classmethod

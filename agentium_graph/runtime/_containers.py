@@ -184,11 +184,15 @@ def advance(run: TaskRun, steps: list[Step], blobs: dict[str, str],
             # coroutine, always truthy) would silently decide something the host never meant.
             if inspect.iscoroutine(decision):
                 decision.close()
+            kind = type(decision)
+            # numpy.bool_ calls itself 'bool': name a type of another module by its module.
+            returned = kind.__qualname__ if kind.__module__ == "builtins" else \
+                f"{kind.__module__}.{kind.__qualname__}"
             _fail(run, container, steps, "repeat_condition_failed",
-                  f"node {container!r}: the repeat condition returned "
-                  f"{type(decision).__name__} on iteration {i}; it must return True (run "
-                  "another iteration) or False (stop), from a plain (not async) function",
-                  {"iteration": i, "returned": type(decision).__name__})
+                  f"node {container!r}: the repeat condition returned {returned} on "
+                  f"iteration {i}; it must return True (run another iteration) or False "
+                  "(stop), a Python bool (bool(x) converts), from a plain (not async) "
+                  "function", {"iteration": i, "returned": returned})
             continue
         again = decision
         stop_reason = None if again else "condition"
