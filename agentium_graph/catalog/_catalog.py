@@ -100,8 +100,9 @@ class HostCatalog:
             chain = " -> ".join(f"{i}@{v}" for i, v in [*self._visiting, key])
             raise ConfigurationError(
                 f"{binding.kind} binding {binding.id!r} version {binding.version!r} contains "
-                f"itself through nested programs ({chain}); nested programs cannot recurse, "
-                "use a RepeatBinding for bounded loops")
+                f"itself through nested programs ({chain}); nested programs cannot recurse: "
+                "for a bounded loop, let one RepeatBinding run a program that does not "
+                "contain it again")
         from agentium_graph.plan._validate import (  # plan imports the catalog
             pseudo_ref_problems,
             validate_plan,
