@@ -64,8 +64,9 @@ class ToolContext:
         if self._cancel.is_set():
             from agentium_graph.errors import TaskCanceledError
 
-            raise TaskCanceledError(f"task {self.key!r} was canceled while node "
-                                    f"{self.node_id!r} ran", node_id=self.node_id)
+            raise TaskCanceledError(f"task {self.key!r} is stopping (canceled, or past its "
+                                    f"deadline) while node {self.node_id!r} runs",
+                                    node_id=self.node_id)
 
     def wait_cancelled(self, timeout: float | None = None) -> bool:
         """Block (in a sync tool) until cancellation or ``timeout``; True if canceled."""

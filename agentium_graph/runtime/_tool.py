@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from agentium_graph._otel import attempt_span, ended
 from agentium_graph.catalog._bindings import ToolBinding
-from agentium_graph.errors import ConfigurationError, ErrorInfo, NodeFailedError
+from agentium_graph.errors import (
+    ConfigurationError,
+    ErrorInfo,
+    NodeFailedError,
+    TaskCanceledError,
+)
 from agentium_graph.runtime import _effects as effects
 from agentium_graph.runtime._context import ToolContext, reset_context, set_context
 from agentium_graph.runtime._graph import NodeSpec
@@ -52,6 +57,10 @@ async def invoke_tool(run: TaskRun, node: NodeSpec, args: dict[str, Any],
             error.__cause__ = exc
             return ended(attempt, Outcome("failed", error=error.to_info(), exception=error))
         except Exception as exc:
+            if isinstance(exc, TaskCanceledError) and ctx.cancelled:
+                # ctx.raise_if_cancelled(): the tool stopped as asked, which is a cancel
+                # (the stop's final commit closes the node with the stop's own error).
+                return ended(attempt, Outcome("canceled"))
             return ended(attempt, Outcome("failed", exception=exc,
                                           error=ErrorInfo.from_exception(exc, node_id=node.id)))
         finally:
