@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,10 @@ class HoldFirstPost(httpx.AsyncBaseTransport):
             return await self.inner.handle_async_request(request)
         self.done = True
         body = await request.aread()
-        self.held.write_text(str(request.headers.get("Agentium-Fence")))
+        # Written whole, then renamed: a reader polling for it never sees it empty.
+        ready = self.held.with_name(self.held.name + ".tmp")
+        ready.write_text(str(request.headers.get("Agentium-Fence")))
+        os.replace(ready, self.held)
         while not self.go.exists():
             time.sleep(0.02)  # noqa: ASYNC251 - blocking on purpose: the process is frozen
         with httpx.Client(timeout=5.0) as client:  # blocking too: see the class doc

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 from typing import Any
 
@@ -86,8 +87,32 @@ def test_a_condition_that_cannot_take_the_state_is_refused(condition: Any) -> No
     assert "condition" in str(info.value) and "one positional argument" in str(info.value)
 
 
-@pytest.mark.parametrize("condition", [lambda s: True, lambda s, extra=1: True,
-                                       lambda *args: True, bool])
+def _limited(limit: int) -> Any:
+    """A decorator whose wrapper takes the state and calls what it wraps with more."""
+    def decorate(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(state: dict[str, Any]) -> bool:
+            return bool(fn(state, limit))
+        return wrapper
+    return decorate
+
+
+@_limited(2)
+def _wrapped(state: dict[str, Any], limit: int) -> bool:
+    return bool(state["iteration"] + 1 < limit)
+
+
+class _Callable:
+    def __call__(self, state: dict[str, Any]) -> bool:
+        return False
+
+    def method(self, state: dict[str, Any]) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("condition", [
+    lambda s: True, lambda s, extra=1: True, lambda *args: True, bool, _wrapped,
+    functools.partial(lambda limit, s: True, 3), _Callable(), _Callable().method])
 def test_conditions_that_take_one_argument_are_accepted(condition: Any) -> None:
     assert _repeat(condition).condition is condition
 

@@ -500,7 +500,8 @@ class RepeatBinding(_BindingBase):
                 "plain, pure 'def condition(...) -> bool' (do async work in a node of the "
                 "repeated program instead)")
         try:
-            signature = inspect.signature(self.condition)
+            # The callable as it is called: a functools.wraps wrapper, not what it wraps.
+            signature = inspect.signature(self.condition, follow_wrapped=False)
         except (TypeError, ValueError):  # a builtin without one: called as it is
             return self
         try:

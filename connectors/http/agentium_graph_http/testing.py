@@ -166,8 +166,10 @@ class IdempotentTestServer:
     sent: a crash harness can kill its worker there (if it raises, the connection closes
     without a response and the traceback lands in ``server_errors``). ``max_hang_s`` bounds
     every hang. ``refuse_stale_fences=True`` keeps the highest ``Agentium-Fence`` each key
-    arrived with and refuses (412, nothing accepted) a post with a lower one: what a
-    destination that cannot dedupe does against a worker paused past its lease.
+    arrived with (seen, whether or not that post was then accepted) and refuses (412,
+    nothing accepted) a post with a lower one, or with a fence that is not an integer: what
+    a destination that cannot dedupe does against a worker paused past its lease. It reads
+    that header name only (a connector's ``fence_header`` renamed is not seen).
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, resource: str = "charges",
@@ -452,7 +454,7 @@ class IdempotentTestServer:
 
     def _stale_fence(self, key: str, fence: str) -> dict[str, Any] | None:
         """Record ``fence`` for ``key``, or the 412 body refusing it as lower than seen."""
-        if not (fence.isascii() and fence.isdigit()):
+        if not (fence.isascii() and fence.isdigit() and len(fence) <= 20):
             return _error("invalid_fence", "Agentium-Fence must be a non-negative integer")
         with self._transaction(write=True) as data:
             fences = data.setdefault("fences", {})

@@ -161,6 +161,8 @@ def _split_strictly(query: str) -> None:
     for warning in caught:
         if issubclass(warning.category, UserWarning):
             raise ValueError(str(warning.message))
+    for warning in caught:  # e.g. a DeprecationWarning for a deprecated option: shown
+        warnings.warn(warning.message, warning.category, stacklevel=4)
 
 
 def _without_password(uri: str, text: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import threading
 import time
@@ -423,7 +424,12 @@ class MongoDBDurableTaskStore:
                 raise
             raise driver_failure(exc, op, self._where) from exc
         _abandon(call)
-        replaced = state.owned and state.client is client and self._replace_client(state)
+        # Only the client this call ran on is replaced: an operation begun on a client
+        # replaced already (still running on it until it ends) must not retire the new one.
+        used = _OPERATION_SESSION.get()
+        current = used is None or used is state.session
+        replaced = state.owned and current and state.client is client and \
+            self._replace_client(state)
         raise stalled_call(op, self._where, deadline, replaced=replaced)
 
     def _replace_client(self, state: _LoopState) -> bool:
@@ -518,12 +524,15 @@ class MongoDBDurableTaskStore:
                     write_concern=self._write_concern, read_preference=ReadPreference.PRIMARY)
                 state.session = Session(db, self._io, self._counters, state.cache,
                                         self._cas_attempts, self._retries)
+            session = state.session
             if op is not None and not self._prepared:
-                await self._prepare(state.session.db)
+                await self._prepare(session.db)
                 self._prepared = self._checked = True
             elif op is None and not self._checked:
-                self._checked = await self._check(state.session.db)
-            return state.session
+                self._checked = await self._check(session.db)
+            # A stall during those calls replaced the client (state.session is None then):
+            # this operation goes on with the session it prepared with.
+            return state.session or session
 
     def _forget(self, state: _LoopState) -> None:
         with self._loops_lock:
@@ -618,9 +627,11 @@ class MongoDBDurableTaskStore:
             session = await self._ready(op if write else None)
             session.users += 1
             session.idle.clear()
+            token = _OPERATION_SESSION.set(session)
             try:
                 return await fn(session)
             finally:
+                _OPERATION_SESSION.reset(token)
                 session.users -= 1
                 if not session.users:
                     session.idle.set()
@@ -699,6 +710,11 @@ class MongoDBDurableTaskStore:
         await self.close()
 
 
+# How long close() lets operations on a replaced client end before closing it anyway.
+RETIRE_WAIT_S = 6.0
+# The session of the protocol operation running in this task (set by _call).
+_OPERATION_SESSION: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
+    "agentium_graph_mongodb_session", default=None)
 _CLOSING: set[asyncio.Future[None]] = set()  # stuck clients being closed, kept referenced
 
 
@@ -717,12 +733,15 @@ def _outcome_seen(call: asyncio.Future[Any]) -> None:
 async def _close_when_idle(client: AsyncMongoClient[dict[str, Any]], used: Session | None,
                            deadline_s: float | None) -> None:
     """Close a replaced client once the operations running on it ended, waiting at most
-    twice a call's bound (each of their calls ends within one)."""
-    if used is not None:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(2 * (deadline_s or 30.0)):
-                await used.idle.wait()
-    await _close_quietly(client)
+    twice a call's bound (each of their calls ends within one); at once if cancelled (the
+    store closing, its loop ending)."""
+    try:
+        if used is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2 * (deadline_s or 30.0)):
+                    await used.idle.wait()
+    finally:
+        await _close_quietly(client)
 
 
 async def _close_quietly(client: AsyncMongoClient[dict[str, Any]]) -> None:
@@ -766,8 +785,13 @@ class _LoopState:
             return
         self.closed = True
         self.cache.clear()
-        if self.retiring:  # clients replaced after a stall: let them finish closing
-            await asyncio.wait(set(self.retiring), timeout=6.0)
+        if self.retiring:  # clients replaced after a stall: give their operations a
+            # moment to end, then close them anyway
+            _, waiting = await asyncio.wait(set(self.retiring), timeout=RETIRE_WAIT_S)
+            for closing in waiting:
+                closing.cancel()
+            if waiting:
+                await asyncio.wait(waiting, timeout=RETIRE_WAIT_S)
         if self.owned:
             with contextlib.suppress(PyMongoError, OSError, RuntimeError):
                 await self.client.close()

@@ -10,6 +10,7 @@ reported as StoreUnavailableError, and a client the store made itself is replace
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 from mongodb_helpers import create_request
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.errors import AutoReconnect
 from pymongo.errors import ConfigurationError as DriverConfigurationError
 
 from agentium_graph.errors import StoreSchemaError, StoreUnavailableError
@@ -293,3 +295,100 @@ async def test_a_healthy_call_beside_a_stalled_one_survives_the_replacement(
         assert not isinstance(header, BaseException), header
         assert header is not None and header.key == "healthy"
         assert store._state().client is not old
+
+
+async def test_a_stall_of_an_operation_on_the_replaced_client_keeps_the_new_one(
+        mongodb_uri: str, mongodb_database: str, short_deadline: None,
+        stubborn: Stubborn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review 29: an operation begun on the old client (a retry after a transient
+    failure) that stalled there too compared against the new client and replaced it."""
+    async with open_store(mongodb_uri, mongodb_database, retries=3) as store:
+        await _created(store, "stall")
+        await _created(store, "b")
+        store._state().cache.clear()
+        old = store._state().client
+        real = AsyncCollection.find_one
+        b_calls = 0
+
+        async def stuck() -> None:
+            while not stubborn.release.is_set():
+                with contextlib.suppress(asyncio.CancelledError):  # ignored, as the pool's
+                    await stubborn.release.wait()
+
+        async def find_one(collection: AsyncCollection[Any], flt: Any = None, *args: Any,
+                           **kwargs: Any) -> Any:
+            nonlocal b_calls
+            key = (flt or {}).get("_id")
+            if collection.database.client is old and key == "stall":
+                return await stuck()
+            if key == "b":
+                b_calls += 1
+                if b_calls == 1:  # healthy but slow, then a transient failure: retried
+                    await asyncio.sleep(STALL_S * 0.8)
+                    raise AutoReconnect("blip")
+                if collection.database.client is old:
+                    return await stuck()  # the retry, still on the old session: stuck too
+            return await real(collection, flt, *args, **kwargs)
+
+        monkeypatch.setattr(AsyncCollection, "find_one", find_one)
+
+        async def b() -> Any:
+            await asyncio.sleep(STALL_S * 0.5)
+            return await store.get_header("b")
+
+        first, second = await asyncio.gather(store.get_header("stall"), b(),
+                                             return_exceptions=True)
+        assert isinstance(first, StoreUnavailableError)
+        assert first.details["client_replaced"] is True
+        assert isinstance(second, StoreUnavailableError)
+        assert second.details["client_replaced"] is False
+        fresh = store._state().client
+        assert fresh is not old
+        header = await store.get_header("b")  # the one replacement still serves
+        assert header is not None and store._state().client is fresh
+
+
+async def test_close_closes_a_replaced_client_still_in_use(
+        mongodb_uri: str, mongodb_database: str, short_deadline: None,
+        stubborn: Stubborn, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review 29: close() gave a replaced client's closing 6 s while that closing
+    waited for its operations up to twice a call's bound; the loop then ended and the old
+    client was never closed."""
+    monkeypatch.setattr(_store, "RETIRE_WAIT_S", 0.2)
+    store = open_store(mongodb_uri, mongodb_database, retries=0)
+    await _created(store, "stall")
+    await _created(store, "h")
+    state = store._state()
+    state.cache.clear()
+    old = state.client
+    real = AsyncCollection.find_one
+    stubborn.install(monkeypatch)
+    stuck = AsyncCollection.find_one
+    healthy_started = asyncio.Event()
+
+    async def find_one(collection: AsyncCollection[Any], flt: Any = None, *args: Any,
+                       **kwargs: Any) -> Any:
+        if (flt or {}).get("_id") == "h":  # a long healthy call on the old client
+            healthy_started.set()
+            await asyncio.sleep(STALL_S * 0.95)
+            return await real(collection, flt, *args, **kwargs)
+        return await stuck(collection, flt, *args, **kwargs)
+
+    monkeypatch.setattr(AsyncCollection, "find_one", find_one)
+
+    async def healthy() -> Any:
+        await stubborn.started.wait()
+        return await store.get_header("h")
+
+    stall = asyncio.ensure_future(store.get_header("stall"))
+    in_use = asyncio.ensure_future(healthy())
+    with pytest.raises(StoreUnavailableError):
+        await stall
+    assert old is not store._state().client
+    await healthy_started.wait()
+    await store.close()  # the healthy call still runs on the old client
+    assert not state.retiring
+    assert old._closed  # type: ignore[attr-defined]
+    in_use.cancel()
+    with contextlib.suppress(BaseException):
+        await in_use
