@@ -574,8 +574,9 @@ def _cancel_message(outcome: CancelOutcome) -> str:
                 "the first request stands")
     if outcome.observed_by is not None and header.lease is not None:
         return (f"cancel of task {key} recorded; worker {outcome.observed_by!r} holds the lease "
-                f"(fence {header.lease.fence}) and stops the task when it next renews its "
-                "lease")
+                f"(fence {header.lease.fence}, until {_when(header.lease.expires_at)}) and "
+                "stops the task when it next renews its lease; if that worker is gone, the "
+                "next run of the task after the lease expires cancels it")
     return (f"cancel of task {key} recorded; no worker holds its lease now, so the next "
             "run of the task cancels it")
 

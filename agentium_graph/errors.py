@@ -317,8 +317,11 @@ class BudgetExhaustedError(AgentiumGraphError):
                  *, node_id: str | None = None) -> None:
         super().__init__(
             f"task {key!r}: {counter} would reach {used + requested} but its limit is {limit}; "
-            "the work was not dispatched and stays recoverable; nothing is refunded, so "
-            "create a new task with a larger limit to go on",
+            "the work was not dispatched. The task stays pending, but its budgets and "
+            "limits are pinned and nothing is refunded, so running it again stops here "
+            "again: cancel it, or create a new task with a larger limit (a new task has "
+            "action ids of its own: effects this one confirmed would be dispatched again, "
+            "see inspect)",
             node_id=node_id,
             details={"key": key, "counter": counter, "used": used, "requested": requested,
                      "limit": limit})

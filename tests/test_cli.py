@@ -250,8 +250,13 @@ def test_cancel_names_the_worker_holding_the_lease(db: Path) -> None:
                 key="idle", worker_id="w9", ttl_seconds=30, now=datetime.now(UTC)))
 
     asyncio.run(lease())
+    first = invoke(db, "cancel", "idle", "--reason", "stop")
+    # The worker may be gone (SIGKILLed): the message says when its lease lets a run apply it.
+    assert "worker 'w9' holds the lease (fence 1, until " in first.stdout
+    assert "if that worker is gone, the next run of the task after the lease expires" in \
+        first.stdout.replace("\n", " ")
     data = ok_json(db, "cancel", "idle", "--reason", "stop")
-    assert data == {**data, "key": "idle", "recorded": True, "observed_by": "w9"}
+    assert data == {**data, "key": "idle", "recorded": False, "observed_by": "w9"}
     assert data["header"]["cancel"]["reason"] == "stop"
     assert data["header"]["lease"]["owner"] == "w9"
     human = invoke(db, "cancel", "idle", "--reason", "stop")
