@@ -538,11 +538,15 @@ def cancel_command(config: CliConfig, key: str, reason: str, as_json: bool) -> N
         after = await store.request_cancel(CancelTaskRequest(key=key, reason=reason, now=now))
         live = after.lease is not None and after.lease.expires_at > now
         applied = False
-        if after.status == "recovery_required" and not live:
-            # Nothing will run it until its actions are resolved: cancel it now (this needs
-            # only the store; its uncertain actions stay in the ledger).
+        budget_stopped = after.status == "pending" and after.error is not None and \
+            after.error.code == "budget_exhausted"
+        if (after.status == "recovery_required" or budget_stopped) and not live:
+            # Nothing will run it until its actions are resolved, or a run would stop at
+            # the same pinned budget again: cancel it now (this needs only the store; its
+            # uncertain actions stay in the ledger, and an action a crash left dispatching
+            # makes it recovery_required instead, as a run's own stop would).
             await cancel_stopped(store, key, lease_ttl=DEFAULT_LEASE_TTL,
-                                 clock=lambda: datetime.now(UTC))
+                                 clock=lambda: datetime.now(UTC), idle=budget_stopped)
             after = await _header(store, key)
             live = after.lease is not None and after.lease.expires_at > now
             applied = after.status == "canceled"
@@ -577,6 +581,12 @@ def _cancel_message(outcome: CancelOutcome) -> str:
                 f"(fence {header.lease.fence}, until {_when(header.lease.expires_at)}) and "
                 "stops the task when it next renews its lease; if that worker is gone, the "
                 "next run of the task after the lease expires cancels it")
+    if header.status == "recovery_required":
+        stuck = header.error.details.get("action_ids") if header.error else None
+        stuck = stuck if isinstance(stuck, list) else []
+        return (f"cancel of task {key} recorded; it needs a decision first: action(s) "
+                f"{', '.join(map(str, stuck)) or '?'} may have taken effect (resolve each, "
+                "then cancel again)")
     return (f"cancel of task {key} recorded; no worker holds its lease now, so the next "
             "run of the task cancels it")
 

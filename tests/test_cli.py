@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from agentium_graph import (
+    BudgetExhaustedError,
     ExecutionGraphRuntime,
     InMemoryDurableTaskStore,
     InvalidTransitionError,
@@ -262,6 +263,27 @@ def test_cancel_names_the_worker_holding_the_lease(db: Path) -> None:
     human = invoke(db, "cancel", "idle", "--reason", "stop")
     assert "already requested" in human.stdout
     assert "w9" in invoke(db, "inspect", "idle").stdout
+
+
+def test_cancel_of_a_budget_stopped_task_is_applied_at_once(db: Path) -> None:
+    """A run would stop at the same pinned budget again, so nothing would apply the cancel
+    (found by review 26's user journey: such a task stayed pending for good)."""
+    async def stopped() -> None:
+        async with sqlite.SQLiteDurableTaskStore(db) as store:
+            rt = ExecutionGraphRuntime(catalog=_catalog(), store=store)
+            await rt.create("broke", program(chain_plan(3)), budgets={"tool_calls": 1})
+            with pytest.raises(BudgetExhaustedError):
+                await rt.run("broke", worker_id="w1")
+
+    asyncio.run(stopped())
+    assert ok_json(db, "inspect", "broke")["status"] == "pending"
+    data = ok_json(db, "cancel", "broke", "--reason", "out of budget")
+    assert data["applied"] is True and data["header"]["status"] == "canceled"
+    view = ok_json(db, "inspect", "broke")
+    assert view["status"] == "canceled"
+    assert {n["state"] for n in view["nodes"].values()} <= {"completed", "canceled"}
+    # An idle task that is not budget-stopped is still left to the next run.
+    assert ok_json(db, "cancel", "idle", "--reason", "later")["applied"] is False
 
 
 def test_cancel_of_a_finished_task_changes_nothing(db: Path) -> None:
