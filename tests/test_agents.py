@@ -225,3 +225,8 @@ async def test_tools_outside_the_task_grants_are_refused(calls: Calls) -> None:
     with pytest.raises(PlanValidationError) as info:
         await rt.create("g", program(PLAN), grants=["solver"])  # the agent's tool is missing
     assert [d.code for d in info.value.diagnostics] == ["binding_not_granted"]
+    # Named at the agent node that reaches it (review 26: it was reported at '$').
+    [diag] = info.value.diagnostics
+    agent_node = next(i for i, n in enumerate(PLAN["nodes"]) if n["binding"] == "solver")
+    assert diag.path == f"$.nodes[{agent_node}].binding"
+    assert diag.node_id == PLAN["nodes"][agent_node]["id"]

@@ -28,10 +28,32 @@ def pinned_keys_used(plan: CompiledPlan, catalog: HostCatalog,
     return set(_reach(plan, catalog, pinned))
 
 
+def ungranted_by_node(plan: CompiledPlan, catalog: HostCatalog,
+                      grants: set[str]) -> list[tuple[int, str, list[str]]]:
+    """For each node of the plan (its index in the plan's nodes, its id) the bindings it
+    reaches through nested programs and agent tools that ``grants`` leaves out (the node's
+    own binding is checked with the plan). For a diagnostic that names the node."""
+    out = []
+    for index, raw in enumerate(plan.raw.get("nodes", [])):
+        node = plan.nodes.get(raw.get("id"))
+        if node is None:
+            continue
+        missing = sorted({b.id for b in _reach_from([node.binding], catalog, None).values()
+                          if b is not None and b is not node.binding} - grants)
+        if missing:
+            out.append((index, node.id, missing))
+    return out
+
+
 def _reach(plan: CompiledPlan, catalog: HostCatalog,
            pinned: Mapping[str, Any] | None) -> dict[str, Binding | None]:
+    return _reach_from([n.binding for n in plan.nodes.values()], catalog, pinned)
+
+
+def _reach_from(roots: list[Binding], catalog: HostCatalog,
+                pinned: Mapping[str, Any] | None) -> dict[str, Binding | None]:
     seen: dict[str, Binding | None] = {}
-    stack: list[Binding] = [n.binding for n in plan.nodes.values()]
+    stack: list[Binding] = list(roots)
     while stack:
         binding = stack.pop()
         key = f"{binding.id}@{binding.version}"

@@ -84,7 +84,7 @@ from agentium_graph.runtime._planner import (
     empty_plan,
     find_program,
 )
-from agentium_graph.runtime._reach import pinned_keys_used, used_bindings
+from agentium_graph.runtime._reach import pinned_keys_used, ungranted_by_node, used_bindings
 from agentium_graph.runtime._resolve import cancel_stopped
 from agentium_graph.runtime._run import FastStartRefused, RunState, TaskRun
 from agentium_graph.runtime._views import (
@@ -284,10 +284,17 @@ class ExecutionGraphRuntime(OperatorAPI):
         if grant_list is not None:
             ungranted = sorted({b.id for b in used} - set(grant_list))
             if ungranted:
+                named = [] if plan is None else ungranted_by_node(plan, self.catalog,
+                                                                   set(grant_list))
                 raise PlanValidationError([Diagnostic(
-                    path="$", code="binding_not_granted",
-                    message=f"nested programs or agents use bindings {ungranted} that are "
-                            "not among the task's grants")])
+                    path=f"$.nodes[{index}].binding", code="binding_not_granted",
+                    node_id=node_id,
+                    message=f"node {node_id!r} uses binding(s) {missing} through its nested "
+                            "program or agent tools, and the task's grants leave them out; "
+                            "grant them too") for index, node_id, missing in named] or [
+                    Diagnostic(path="$", code="binding_not_granted",
+                               message=f"nested programs or agents use bindings {ungranted} "
+                                       "that are not among the task's grants")])
         nodes = () if plan is None else \
             tuple(node_record(key, plan, "", node_id, None) for node_id in plan.order)
         if len(nodes) > limits.max_expanded_nodes:
