@@ -543,10 +543,11 @@ def cancel_command(config: CliConfig, key: str, reason: str, as_json: bool) -> N
         if (after.status == "recovery_required" or budget_stopped) and not live:
             # Nothing will run it until its actions are resolved, or a run would stop at
             # the same pinned budget again: cancel it now (this needs only the store; its
-            # uncertain actions stay in the ledger, and an action a crash left dispatching
-            # makes it recovery_required instead, as a run's own stop would).
+            # uncertain actions stay in the ledger). A budget-stopped task with an action a
+            # crash left dispatching is left to a run, which looks that action up first.
             await cancel_stopped(store, key, lease_ttl=DEFAULT_LEASE_TTL,
-                                 clock=lambda: datetime.now(UTC), idle=budget_stopped)
+                                 clock=lambda: datetime.now(UTC), idle=budget_stopped,
+                                 leave_lookups=budget_stopped)
             after = await _header(store, key)
             live = after.lease is not None and after.lease.expires_at > now
             applied = after.status == "canceled"

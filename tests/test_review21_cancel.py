@@ -22,7 +22,7 @@ from agentium_graph import (
     TaskCanceledError,
     ToolBinding,
 )
-from agentium_graph.runtime._resolve import canceler_id
+from agentium_graph.runtime._resolve import cancel_stopped, canceler_id
 from agentium_graph.store import CancelTaskRequest
 from tests.conftest import CountingStore, program
 from tests.test_effects import PLAN, Crash, CrashOnReceipt, Destination, FakeConnector, runtime
@@ -172,3 +172,30 @@ async def test_a_dispatch_carries_its_fence_and_number() -> None:
     assert first.fence is not None and second.fence is not None
     assert second.fence > first.fence  # a destination can refuse the older one after this
     assert first.action_id == second.action_id
+
+
+async def test_leave_lookups_leaves_a_crash_left_dispatch_to_a_run() -> None:
+    """What the CLI uses for a budget-stopped task (review 26): with an action a crash left
+    dispatching, the cancel is not applied without a connector; it is left to a run, whose
+    stop looks the action up first and finds the receipt."""
+    dest = Destination()
+    clock = Clock()
+    store = CrashOnReceipt()
+    conn = FakeConnector(dest)
+    await runtime(conn, store, clock=clock).create("p", program(PLAN))
+    with pytest.raises(Crash):
+        await runtime(conn, store, clock=clock).run("p", worker_id="w1")
+    clock.now += timedelta(minutes=5)  # the crashed worker's lease expired
+    await store.request_cancel(CancelTaskRequest(key="p", reason="stop", now=clock()))
+    applied = await cancel_stopped(store, "p", lease_ttl=5.0, clock=clock, idle=True,
+                                   leave_lookups=True)
+    snap = await store.get_task("p")
+    assert snap is not None and applied is False
+    assert snap.header.status == "running" and snap.header.lease is None  # given back
+    assert [a.state for a in snap.actions.values()] == ["dispatching"]
+    with pytest.raises(TaskCanceledError):
+        await runtime(FakeConnector(dest), store, clock=clock).run("p", worker_id="w2")
+    snap = await store.get_task("p")
+    assert snap is not None and snap.header.status == "canceled"
+    assert [a.state for a in snap.actions.values()] == ["confirmed"]  # looked up, recorded
+    assert dest.accept_count == 1

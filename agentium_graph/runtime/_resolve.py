@@ -294,7 +294,7 @@ def canceler_id(key: str) -> str:
 
 async def cancel_stopped(store: DurableTaskStore, key: str, *, lease_ttl: float,
                          clock: Callable[[], datetime], idle: bool = False,
-                         worker: str | None = None) -> bool:
+                         worker: str | None = None, leave_lookups: bool = False) -> bool:
     """Cancel a task nobody runs in one commit under its lease, without running it.
 
     By default only a ``recovery_required`` task (a run would stop at its uncertain
@@ -306,9 +306,13 @@ async def cancel_stopped(store: DurableTaskStore, key: str, *, lease_ttl: float,
     ``uncertain`` and the task ``recovery_required`` instead (canceling it again then
     cancels it), as a run's own stop does.
 
+    ``leave_lookups``: if a crash left an action ``dispatching``, change nothing and leave
+    the cancel to a run, whose stop looks the action up through its connector first (for
+    a task a run can still run, such as one stopped by a budget).
+
     False when the task is in neither state any more (an operator resolved it, a worker
-    ended it meanwhile); True otherwise, also when another worker took the lease (the
-    cancel request stays for it)."""
+    ended it meanwhile) or its cancel is left to a run; True otherwise, also when another
+    worker took the lease (the cancel request stays for it)."""
     worker = canceler_id(key) if worker is None else worker
     try:
         grant = await store.acquire_lease(AcquireLeaseRequest(
@@ -322,7 +326,8 @@ async def cancel_stopped(store: DurableTaskStore, key: str, *, lease_ttl: float,
         assert snapshot is not None
         allowed = ("recovery_required", "pending", "running") if idle else \
             ("recovery_required",)
-        if snapshot.header.status not in allowed:
+        if snapshot.header.status not in allowed or (leave_lookups and any(
+                a.state == "dispatching" for a in snapshot.actions.values())):
             await _release(store, key, worker, grant.fence, clock)
             return False
         # Nothing is written over damage (the lease is given back by the handler below).
