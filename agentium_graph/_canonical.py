@@ -14,9 +14,9 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from json import encoder as _json_encoder
-from typing import Any
+from typing import Any, Final
 
 JSONValue = Any  # a value made only of dict[str, ...], list, str, int, float, bool, None
 # The largest integer every store can hold (MongoDB's are int64): limits, counters, token
@@ -173,6 +173,22 @@ _c_plain = None if _c_make_encoder is None else _c_make_encoder(
     None, _refuse, _json_encoder.encode_basestring, None, ":", ",", False, False, False)
 
 
+# ``json.loads`` of a text the C encoders above wrote (no whitespace around the value):
+# the C scanner ``json.loads`` ends in, called directly. ``loads`` goes through three
+# Python calls and two regex matches for the whitespace such a text never has.
+_scan_once: Final[Callable[[str, int], tuple[Any, int]]] = \
+    json.decoder.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def _parse_encoded(text: str) -> Any:
+    """``json.loads(text)`` for a text one of this module's encoders wrote."""
+    try:
+        value, end = _scan_once(text, 0)
+    except StopIteration:
+        return json.loads(text)  # (not reached for encoder output) raises as loads does
+    return value if end == len(text) else json.loads(text)
+
+
 def _encode_checked(value: JSONValue) -> str:
     """The canonical JSON of data already checked (or parsed from JSON)."""
     if _c_canonical is None:
@@ -228,7 +244,7 @@ def checked_json(value: Any, path: str = "$") -> tuple[str, JSONValue]:
             text = None
     if text is not None and (text.isascii() or _encodable(text)) and _nesting_ok(text) and (
             len(text) <= MAX_INT_DIGITS or _LONG_DIGITS.search(text) is None):
-        parsed = json.loads(text)
+        parsed = _parse_encoded(text)
         try:
             same = bool(parsed == value)
         except Exception:  # a subclass's own __eq__ (or __bool__) raised: walk it instead
@@ -237,7 +253,7 @@ def checked_json(value: Any, path: str = "$") -> tuple[str, JSONValue]:
             return text, parsed
     check_json(value, path)
     text = _encode_checked(value)
-    return text, json.loads(text)
+    return text, _parse_encoded(text)
 
 
 def canonical_bytes(value: JSONValue, *, trusted: bool = False) -> bytes:
@@ -246,7 +262,8 @@ def canonical_bytes(value: JSONValue, *, trusted: bool = False) -> bytes:
 
 def digest(value: JSONValue, *, trusted: bool = False) -> str:
     """``sha256:<hex>`` of the canonical JSON of ``value``."""
-    return "sha256:" + hashlib.sha256(canonical_bytes(value, trusted=trusted)).hexdigest()
+    text = _encode_checked(value) if trusted else checked_json(value)[0]
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def record_digest(value: JSONValue) -> str:
@@ -318,5 +335,5 @@ def json_copy(value: JSONValue, *, trusted: bool = False) -> JSONValue:
     if trusted:
         if _c_plain is None:
             return json.loads(_fast_encoder.encode(value))
-        return json.loads("".join(_c_plain(value, 0)))
+        return _parse_encoded("".join(_c_plain(value, 0)))
     return checked_json(value)[1]

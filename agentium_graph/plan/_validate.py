@@ -753,25 +753,24 @@ def resolve_args(args: Any, outputs: dict[str, Any]) -> Any:
     path does not exist in it (string parts index objects, integer parts index arrays).
     A ``{"$literal": value}`` wrapper becomes a copy of ``value``, searched for nothing.
     """
-    if is_literal(args):
+    if not isinstance(args, dict):
+        return [resolve_args(v, outputs) for v in args] if isinstance(args, list) else args
+    # is_literal() and is_ref(), tested in place: this runs for every value of every args.
+    if LITERAL in args:
         return json_copy(args[LITERAL], trusted=True)
-    if is_ref(args):
+    if "$ref" in args:
         ref = args["$ref"]
         node, path = ref["node"], ref.get("path", [])
-        shown = json_path(path, f"$ref {node}")
         if node not in outputs:
-            raise LookupError(f"{shown}: node {node!r} has no output")
+            raise LookupError(f"{json_path(path, f'$ref {node}')}: node {node!r} has no output")
         ok, missing = _value_at(outputs[node], path)
         if not ok:
             what = {"$input": "the input", "$previous": "the previous iteration's outputs"}
-            raise LookupError(f"{shown}: {what.get(node, 'the output')} has no {missing!r}")
+            raise LookupError(f"{json_path(path, f'$ref {node}')}: "
+                              f"{what.get(node, 'the output')} has no {missing!r}")
         # Consumers must not share (and mutate) stored outputs; those are checked JSON.
         return json_copy(missing, trusted=True)
-    if isinstance(args, dict):
-        return {k: resolve_args(v, outputs) for k, v in args.items()}
-    if isinstance(args, list):
-        return [resolve_args(v, outputs) for v in args]
-    return args
+    return {k: resolve_args(v, outputs) for k, v in args.items()}
 
 
 __all__ = ["LITERAL", "PLAN_SCHEMA", "CompiledNode", "CompiledPlan", "Ref", "resolve_args",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextvars
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Final
 
 from agentium_graph.errors import AgentiumGraphError
 
@@ -73,6 +75,21 @@ class ToolContext:
         return self._cancel.wait(timeout)
 
 
+def new_context(key: str, node_id: str, attempt: int, attempt_id: str, fence: int,
+                worker_id: str, binding: str, version: str) -> ToolContext:
+    """``ToolContext(key=..., ..., version=...)`` with a fresh cancel flag, built directly:
+    a frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``, nine
+    calls per node. The instance's ``__dict__`` is the one ``__init__`` leaves (same keys,
+    same order: ``tests/test_hot_path_equivalence.py`` compares them)."""
+    ctx = _new_ctx(ToolContext)
+    ctx.__dict__.update({"key": key, "node_id": node_id, "attempt": attempt,
+                         "attempt_id": attempt_id, "fence": fence, "worker_id": worker_id,
+                         "binding": binding, "version": version, "_cancel": CancelFlag()})
+    return ctx
+
+
+_new_ctx = object.__new__
+
 _current: contextvars.ContextVar[ToolContext | None] = contextvars.ContextVar(
     "agentium_graph_tool_context", default=None)
 
@@ -86,13 +103,9 @@ def tool_context() -> ToolContext:
     return ctx
 
 
-def current_context() -> ToolContext | None:
-    return _current.get()
-
-
-def set_context(ctx: ToolContext | None) -> contextvars.Token[ToolContext | None]:
-    return _current.set(ctx)
-
-
-def reset_context(token: contextvars.Token[ToolContext | None]) -> None:
-    _current.reset(token)
+# The variable's own methods, not Python functions wrapping them: each runs once or twice
+# per node (a frame apiece).
+current_context: Final[Callable[[], ToolContext | None]] = _current.get
+set_context: Final[Callable[[ToolContext | None], contextvars.Token[ToolContext | None]]] = \
+    _current.set
+reset_context: Final[Callable[[contextvars.Token[ToolContext | None]], None]] = _current.reset

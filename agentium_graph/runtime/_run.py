@@ -46,7 +46,7 @@ from agentium_graph.runtime._agent import (
     clamp_usage,
     run_agent,
 )
-from agentium_graph.runtime._context import ToolContext
+from agentium_graph.runtime._context import ToolContext, new_context
 from agentium_graph.runtime._eager import NOT_DONE, start_eager
 from agentium_graph.runtime._frontier import CONTAINERS as FRONTIER_CONTAINERS
 from agentium_graph.runtime._frontier import Frontier, Turn
@@ -293,15 +293,21 @@ class TaskRun:
             self.wake.clear()
             if self.lost is not None:
                 raise self.lost
-            observe_stop(self)
-            abandon_overdue(self)
-            settle_planning(self)
+            # (Each call below is skipped while it has nothing to do: a pure node's turn.)
+            if self.stop is None:
+                observe_stop(self)
+            if self.overdue_at is not None:
+                abandon_overdue(self)
+            if self.planning is not None:
+                settle_planning(self)
             steps: list[Step] = []
             blobs: dict[str, str] = {}
-            self._settle_finished(steps, blobs)
+            if self.finished:
+                self._settle_finished(steps, blobs)
             pending: dict[str, int] = {}
-            accepted = self._drain_submissions(steps, blobs, pending)
-            if self.stop is None:
+            accepted = self._drain_submissions(steps, blobs, pending) if self.submissions \
+                else []
+            if self.stop is None and self.active_containers:
                 containers.advance(self, steps, blobs, pending)
             launch: list[_Ready] = []
             if self.stop is None:
@@ -323,7 +329,8 @@ class TaskRun:
                             sub.future.set_exception(exc)
                     raise
                 self.launching = []
-                install_revisions(self)  # before a planner sees its submission committed
+                if self.proposed:
+                    install_revisions(self)  # before a planner sees its submission committed
                 for sub in accepted:
                     if not sub.future.done():
                         sub.future.set_result(None)
@@ -640,9 +647,11 @@ class TaskRun:
 
     def _exceeds(self, charges: dict[str, int],
                  pending: dict[str, int]) -> tuple[str, int, int] | None:
+        header = self.header
+        limits, counters = header.limits, header.counters
         for name, amount in charges.items():
-            limit = self.header.limits.get(name)
-            used = self.header.counters.get(name, 0) + pending.get(name, 0)
+            limit = limits.get(name)
+            used = counters.get(name, 0) + pending.get(name, 0)
             if limit is not None and used + amount > limit:
                 return name, used, limit
         return None
@@ -652,10 +661,8 @@ class TaskRun:
         node = self.graph.specs[item.node_id]
         rec = self.nodes[item.node_id]
         attempt = rec.attempts[-1]
-        ctx = ToolContext(key=self.key, node_id=node.id, attempt=attempt.number,
-                          attempt_id=attempt.attempt_id, fence=self.fence,
-                          worker_id=self.worker_id, binding=node.binding.id,
-                          version=node.binding.version)
+        ctx = new_context(self.key, node.id, attempt.number, attempt.attempt_id, self.fence,
+                          self.worker_id, node.binding.id, node.binding.version)
         running = _Running(node.id, item.ticket, ctx)
         self.running[node.id] = running
         body: Coroutine[Any, Any, Outcome]

@@ -340,9 +340,12 @@ class InMemoryDurableTaskStore:
 
     async def commit(self, request: CommitRequest) -> CommitResult:
         await asyncio.sleep(0)
-        _check_text("commit", request.key, request.worker_id)
-        _check_blobs("commit", request.blobs)
-        task = self._task(request.key)
+        key, blobs = request.key, request.blobs
+        if not (key.isascii() and request.worker_id.isascii()):  # (_check_text's own test)
+            _check_text("commit", key, request.worker_id)
+        if blobs:
+            _check_blobs("commit", blobs)
+        task = self._tasks.get(key) or self._task(key)
         # The whole task is at hand: the state machine reads the stored records themselves
         # (it never changes what it is given), so nothing is gathered per commit.
         delta = apply_commit(task.header, task.nodes, task.actions, task.admissions.keys(),
@@ -356,19 +359,27 @@ class InMemoryDurableTaskStore:
         # Callers never await between loading and this write: atomic for asyncio callers.
         # Every copy is made before anything changes: a copy that fails changes nothing.
         own_header = _own_header(header)
-        nodes = {} if delta is None else {k: _own_node(v) for k, v in delta.nodes.items()}
-        actions = {} if delta is None else {
-            k: _own_action(v) for k, v in delta.actions.items()}
+        nodes: dict[str, NodeRecord] = {}
+        actions: dict[str, ActionRecord] = {}
+        if delta is not None:
+            for k, node in delta.nodes.items():
+                nodes[k] = node if node.error is None else _own_node(node)  # (its test)
+            for k, action in delta.actions.items():
+                actions[k] = _own_action(action)
+        own_journal: list[str] = []
         try:
-            own_journal = [e.__pydantic_serializer__.to_json(e).decode() for e in journal]
+            for entry in journal:
+                own_journal.append(entry.__pydantic_serializer__.to_json(entry).decode())
             for action in actions.values():  # what a database would have to encode
                 record_json(action)
         except PydanticSerializationError as exc:
             raise _unicode_error(op, exc) from None
+        stored = self._blobs
         for digest_, text in blobs.items():
-            self._blobs.setdefault(digest_, text)
+            stored.setdefault(digest_, text)
         task.nodes.update(nodes)
-        task.actions.update(actions)
+        if actions:
+            task.actions.update(actions)
         if delta is not None:
             for admission, amounts in delta.charges.items():
                 task.admissions[admission] = dict(amounts)

@@ -226,20 +226,21 @@ class _Apply:
             self.already.append(admission_id)
             return False
         limits = self.header.limits
+        counters = self.counters
         ordered = sorted(amounts.items())
         for name, amount in ordered:
             if amount < 0:
                 raise InvalidTransitionError(f"charge {name}={amount} is negative; counters "
                                              "are never refunded")
             limit = limits.get(name)
-            used = self.counters.get(name, 0)
+            used = counters.get(name, 0)
             if limit is None or limit > MAX_COUNTER:
                 limit = MAX_COUNTER  # a counter stops where every store can hold it
             if used + amount > limit:
                 raise BudgetExhaustedError(self.header.key, name, used, amount, limit,
                                            node_id=node_id)
         for name, amount in amounts.items():
-            self.counters[name] = self.counters.get(name, 0) + amount
+            counters[name] = counters.get(name, 0) + amount
         self.new_charges[admission_id] = dict(amounts)
         self.log("admission_charged", node_id, admission_id=admission_id,
                  charges=dict(ordered))
@@ -287,7 +288,11 @@ class _Apply:
                 self.node(step.node_id)
             if "running" not in NODE_TRANSITIONS[rec.state]:
                 self.move(rec, "running")
-            self.require_completed(step.node_id, step.requires_completed)
+            requires = step.requires_completed
+            for dep in requires:
+                dep_rec = self.changed_nodes.get(dep) or self.nodes.get(dep)
+                if dep_rec is None or dep_rec.state != "completed":
+                    self.require_completed(step.node_id, requires)  # raises, naming why
             attempts = list(rec.attempts)
             if attempts and attempts[-1].ended_at is None:
                 last = attempts[-1]
@@ -298,7 +303,7 @@ class _Apply:
                 attempts[-1] = replace(last, ended_at=now, outcome="interrupted")
                 self.log("attempt_interrupted", rec.node_id, attempt=last.number,
                          attempt_fence=last.fence)
-            if any(a.attempt_id == step.attempt_id for a in attempts):
+            if attempts and any(a.attempt_id == step.attempt_id for a in attempts):
                 raise InvalidTransitionError(
                     f"attempt {step.attempt_id} of node {rec.node_id!r} already exists",
                     node_id=rec.node_id)
