@@ -326,6 +326,7 @@ class Agent(BaseModel):
     max_turns: int = Field(default=8, ge=1, le=256)
     max_output_tokens: int | None = Field(default=None, ge=1)
     stream: bool = False
+    max_tool_errors: int = Field(default=0, ge=0, le=256)
     result_cache: Any = None
     tool_resolver: Any = None
     handoffs: tuple[Any, ...] = ()
@@ -341,7 +342,7 @@ class Agent(BaseModel):
         except ValidationError as exc:
             raise config_error("Agent", data, exc) from None
 
-    @field_validator("max_turns", "max_output_tokens", mode="before")
+    @field_validator("max_turns", "max_output_tokens", "max_tool_errors", mode="before")
     @classmethod
     def _ints_only(cls, value: Any) -> Any:
         return int_only(value)  # not True, 2.0 or "3" (pydantic's lax mode takes those)
@@ -398,7 +399,10 @@ class AgentBinding(_BindingBase):
                 "extra": {"instructions": self.agent.instructions, "name": self.agent.name,
                           "max_turns": self.agent.max_turns,
                           "max_output_tokens": self.agent.max_output_tokens,
-                          "stream": self.agent.stream}}
+                          "stream": self.agent.stream,
+                          # Only when set: descriptors pinned before it existed stay equal.
+                          **({"max_tool_errors": self.agent.max_tool_errors}
+                             if self.agent.max_tool_errors else {})}}
 
 
 def _nodes_to_run(program: ExecutionGraphProgram) -> None:

@@ -124,6 +124,13 @@ class AgentFailure(NodeFailedError):
     code = "agent_failed"
 
 
+class _CallRefused(AgentFailure):
+    """A tool call the model got wrong (a tool it may not use, arguments its schema
+    refuses): nothing was run, so with ``Agent(max_tool_errors=n)`` the model is told why
+    instead, up to ``n`` times per node. Decided from the recorded response alone, so a
+    recovery decides it the same way."""
+
+
 class _Settled(Exception):
     """A tool call's outcome that ends the agent node as it is (an uncertain effect, a
     failed one whose action must be recorded, an interrupted or stopped one)."""
@@ -169,6 +176,7 @@ async def _loop(run: TaskRun, spec: NodeSpec, args: dict[str, Any]) -> Outcome:
     usage = {"input_tokens": 0, "output_tokens": 0, "model_calls": 0}
     rec = run.nodes[spec.id]
     keys: set[str] = set()  # the call keys of this agent's tool calls so far
+    refusals = 0  # tool calls refused so far and told to the model (max_tool_errors)
     for turn in range(agent.max_turns):
         request = ModelRequest(model_messages=tuple(messages), tools=specs,
                                max_output_tokens=agent.max_output_tokens,
@@ -191,7 +199,15 @@ async def _loop(run: TaskRun, spec: NodeSpec, args: dict[str, Any]) -> Outcome:
                 "left to use their results); raise max_turns or simplify the task",
                 node_id=spec.id, details={"max_turns": agent.max_turns, "not_called": asked})
         for call in response.tool_calls:
-            result = await _tool_call(run, spec, tools, call, call_key(call.id, turn, keys))
+            try:
+                result = await _tool_call(run, spec, tools, call,
+                                          call_key(call.id, turn, keys))
+            except _CallRefused as refused:
+                if refusals == agent.max_tool_errors:
+                    raise
+                refusals += 1  # the model is told, and may correct the call next turn
+                result = {"error": str(refused), "refused": refusals,
+                          "max_tool_errors": agent.max_tool_errors}
             messages.append(ModelMessage(role="tool", content=canonical_json(result),
                                          tool_call_id=call.id))
     raise AssertionError("unreachable: the last turn returns or raises")  # pragma: no cover
@@ -526,15 +542,15 @@ async def _tool_call(run: TaskRun, spec: NodeSpec, tools: dict[str, ToolBinding]
         return json.loads(await _blob(run, recorded, spec))
     tool = tools.get(call.name)
     if tool is None:
-        raise AgentFailure(f"agent node {spec.id!r}: the model called tool {call.name!r}, "
+        raise _CallRefused(f"agent node {spec.id!r}: the model called tool {call.name!r}, "
                            f"which this agent may not use (allowed: {sorted(tools)})",
                            node_id=spec.id, details={"tool": call.name, "call_id": call.id})
     if run.grants is not None and tool.id not in run.grants:
-        raise AgentFailure(f"agent node {spec.id!r}: tool {tool.id!r} is not granted to this "
+        raise _CallRefused(f"agent node {spec.id!r}: tool {tool.id!r} is not granted to this "
                            "task", node_id=spec.id, details={"tool": tool.id})
     errors = tool.input_errors(call.arguments)
     if errors:
-        raise schema_error(AgentFailure, spec.id, f"tool call {call.id} ({tool.id}) arguments",
+        raise schema_error(_CallRefused, spec.id, f"tool call {call.id} ({tool.id}) arguments",
                            errors[0])
     if tool.connector is not None:
         sub = NodeSpec(id=spec.id, local=spec.local, scope=spec.scope, binding=tool,
