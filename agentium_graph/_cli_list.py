@@ -185,7 +185,13 @@ def _render_list(console: Console, result: TaskList, status: str | None) -> None
             rows.append([_t(row.key), _t(row.status, style="bold red"), "-", "-", "-", "-", "-",
                          _t(row.reason, style="red")])
             continue
-        rows.append([_t(row.key), _status(row.status), str(row.fence),
+        # A budget stop leaves the task pending, like one nobody ran yet: say which it is.
+        stopped = row.status == "pending" and row.error is not None and \
+            row.error.code == "budget_exhausted"
+        shown = _status(row.status)
+        if stopped:
+            shown.append(" (budget)", style="yellow")
+        rows.append([_t(row.key), shown, str(row.fence),
                      _lease(row.lease, now, short=True),
                      _t(clip(row.cancel.reason) if row.cancel else "-"),
                      str(row.counters.get("work_attempts", 0)), _relative(row.updated_at, now),

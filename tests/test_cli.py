@@ -277,6 +277,8 @@ def test_cancel_of_a_budget_stopped_task_is_applied_at_once(db: Path) -> None:
 
     asyncio.run(stopped())
     assert ok_json(db, "inspect", "broke")["status"] == "pending"
+    listed = invoke(db, "list").stdout
+    assert "pending (budget)" in listed and listed.count("(budget)") == 1
     data = ok_json(db, "cancel", "broke", "--reason", "out of budget")
     assert data["applied"] is True and data["header"]["status"] == "canceled"
     view = ok_json(db, "inspect", "broke")
