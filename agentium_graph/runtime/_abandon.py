@@ -147,8 +147,10 @@ def overdue() -> float:
 def abandoned(who: str, grace: float) -> None:
     """Log that the node task ``who`` was abandoned after ``grace`` seconds."""
     log.warning("%s did not end within %g s of being canceled: it swallows cancellation "
-                "(a tool must let CancelledError propagate); it is abandoned and its result "
-                "is ignored", who, grace)
+                "(a tool must let CancelledError propagate), or it is a sync tool whose "
+                "thread cannot be interrupted (it can watch tool_context().cancelled); it is "
+                "abandoned, keeps its permit until it ends, and its result is ignored",
+                who, grace)
 
 
 async def _cancel_within_grace(tasks: list[asyncio.Task[Any]], grace: float) -> tuple[

@@ -46,7 +46,8 @@ class Ticket:
     granted: bool = False
     released: bool = False
     wait_span: Any = field(default=None, repr=False)  # open while it waits (when tracing)
-    work: asyncio.Future[Any] | None = field(default=None, repr=False)  # bind()
+    # bind(): the work the permit covers (a node's task, a call of its in a task of its own)
+    work: tuple[asyncio.Future[Any], ...] = field(default=(), repr=False)
 
 
 class AdmissionController:
@@ -57,6 +58,10 @@ class AdmissionController:
         self._clock = clock
         self._on_event = on_event
         self._active = 0
+        self._holding: dict[int, Ticket] = {}  # granted, not released (by id: unhashable)
+        # Tickets an ended run left holding permits (work it abandoned), from reopen():
+        # the next run counts them against their plan's concurrency too.
+        self.carried: list[Ticket] = []
         self._queue: deque[Ticket] = deque()
         self._closed: str | None = None  # why the run stopped: nothing queues any more
         self._held: list[AdmissionEvent] | None = None  # events not reported yet
@@ -66,9 +71,11 @@ class AdmissionController:
 
     def reopen(self) -> None:
         """Serve the task's next run in this runtime: permits still held by work an ended
-        run abandoned count against its capacity until that work really ends."""
+        run abandoned count against its capacity until that work really ends (and, through
+        :attr:`carried`, against their plan's concurrency)."""
         self._closed = None
         self.on_idle = None
+        self.carried = [t for t in self._holding.values() if t.node_id is not None]
 
     def hold_events(self) -> None:
         """Keep events back until :meth:`release_events` (a start that may be refused)."""
@@ -151,6 +158,7 @@ class AdmissionController:
             ticket = self._queue.popleft()
             ticket.granted = True
             self._active += 1
+            self._holding[id(ticket)] = ticket
             if ticket.wait_span is not None:
                 _end_wait(ticket, "admitted")
             if not ticket.future.done():
@@ -179,7 +187,7 @@ class AdmissionController:
         if ticket.granted and not ticket.released:
             return  # it still holds its permit
         ticket.granted = ticket.released = False
-        ticket.work = None
+        ticket.work = ()
         ticket.future = asyncio.get_running_loop().create_future()
         self._enqueue(ticket)
         await self._granted(ticket)
@@ -208,19 +216,21 @@ class AdmissionController:
             ticket.future.cancel()
 
     def bind(self, ticket: Ticket, work: asyncio.Future[Any]) -> None:
-        """The permit of ``ticket`` covers ``work``: releasing it before ``work`` ended
-        releases it when ``work`` ends instead (an abandoned call keeps its slot)."""
-        ticket.work = work
+        """The permit of ``ticket`` covers ``work`` too: releasing it before all the work
+        bound to it ended releases it when the last of it ends instead (an abandoned call
+        keeps its slot). Work already done is dropped."""
+        ticket.work = (*(w for w in ticket.work if not w.done() and w is not work), work)
 
     def release(self, ticket: Ticket) -> None:
         if not ticket.granted or ticket.released:
             return
-        work = ticket.work
-        if work is not None and not work.done():
-            work.add_done_callback(lambda _w: self.release(ticket))
-            return
+        for work in ticket.work:
+            if not work.done():
+                work.add_done_callback(lambda _w: self.release(ticket))
+                return
         ticket.released = True
         self._active -= 1
+        del self._holding[id(ticket)]
         if self._on_event is not None:
             self.emit("released", ticket.node_id, admission_id=ticket.admission_id)
         if self._queue:

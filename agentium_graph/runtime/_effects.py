@@ -27,10 +27,11 @@ FIFO, only before a dispatch that follows it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import random
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from agentium_graph._canonical import admission_id, derive_id, digest
@@ -199,9 +200,15 @@ async def _dispatch(run: TaskRun, node: NodeSpec, connector: Any, request: Actio
               ) as current:
         failure: BaseException | None = None
         try:
+            # The permit covers the dispatch's own task: one abandoned (it swallowed a
+            # cancel) keeps its slot until it really ends, as an abandoned tool does.
+            ticket = permit if permit is not None else \
+                getattr(run.running.get(node.id), "ticket", None)
             result = await _bounded(connector.dispatch(request), run.rt.effect_timeout,
                                     _who(run, connector, action, "dispatch"),
-                                    f"dispatch:{run.key}:{action.action_id}")
+                                    f"dispatch:{run.key}:{action.action_id}",
+                                    started=None if ticket is None else
+                                    functools.partial(run.admission.bind, ticket))
         except asyncio.CancelledError as exc:
             if runtime_cancelled():
                 raise  # the run abandons its work: the next run reconciles it
@@ -307,12 +314,15 @@ async def reconcile(run: TaskRun, connector: Any,
 
 
 async def _bounded(work: Coroutine[Any, Any, Any], limit: float, who: str,
-                   name: str) -> Any:
+                   name: str, *,
+                   started: Callable[[asyncio.Task[Any]], None] | None = None) -> Any:
     """Await a connector's ``work`` for at most ``limit`` seconds (``TimeoutError`` then),
     as :func:`asyncio.wait_for` would, except that a connector that swallows the
     cancellation (of the limit, or of the run abandoning its work) is abandoned after
-    :data:`_abandon.GRACE` seconds (logged) instead of holding the run."""
-    task = await _abandon.within(work, limit, who, name=name, party=_abandon.CONNECTOR)
+    :data:`_abandon.GRACE` seconds (logged) instead of holding the run. ``started`` is
+    given the task that runs ``work``."""
+    task = await _abandon.within(work, limit, who, name=name, party=_abandon.CONNECTOR,
+                                 started=started)
     if task is None:
         raise TimeoutError(f"no answer within {limit:g} s")
     return task.result()

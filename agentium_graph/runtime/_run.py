@@ -173,6 +173,7 @@ class TaskRun:
         # nodes (_stop_lookups): the task, whether they were made, the actions they settled
         # and what they said of the rest.
         self.stop_lookup: asyncio.Task[Any] | None = None
+        self._hooked: set[int] = set()  # work of carried tickets _wait wakes on (by id)
         self.stop_looked = False
         self.stop_settled: set[str] = set()
         self.stop_unknown: dict[str, str] = {}
@@ -519,11 +520,25 @@ class TaskRun:
         for active in (*self.running, *self.ready):
             prefix = self.graph.specs[active].scope
             in_scope[prefix] = in_scope.get(prefix, 0) + 1
+        if self.admission.carried:
+            self._count_carried(in_scope)
         turn = self.frontier.turn()
         try:
             self._admit_frontier(turn, in_scope, steps, pending)
         finally:
             turn.end()
+
+    def _count_carried(self, in_scope: dict[str, int]) -> None:
+        """Leaves an earlier run of this task in this runtime abandoned, still running (a
+        sync tool's thread, a call that swallowed its cancel), count against their plan's
+        concurrency until they end, as their permits count against the root's."""
+        carried = self.admission.carried and \
+            [t for t in self.admission.carried if not t.released]
+        self.admission.carried = carried
+        for ticket in carried:
+            spec = self.graph.specs.get(ticket.node_id or "")
+            if spec is not None and ticket.node_id not in self.running:
+                in_scope[spec.scope] = in_scope.get(spec.scope, 0) + 1
 
     def _admit_frontier(self, turn: Turn, in_scope: dict[str, int], steps: list[Step],
                         pending: dict[str, int]) -> None:
@@ -777,7 +792,15 @@ class TaskRun:
             return
         if any(item.free or item.ticket.granted for item in self.ready.values()):
             return
-        if not self.running and not self.ready and self.stop is None and self.planning is None:
+        carried = self.admission.carried and \
+            [t for t in self.admission.carried if not t.released]
+        for ticket in carried:  # an earlier run's abandoned leaf ending frees its place
+            for work in ticket.work:
+                if id(work) not in self._hooked:
+                    self._hooked.add(id(work))
+                    work.add_done_callback(lambda _f: self.wake.set())
+        if not self.running and not self.ready and self.stop is None and \
+                self.planning is None and not carried:
             # Nothing runs, nothing waits for a permit, yet work remains: a bug, not a wait.
             stuck = [n for n in self.graph.order if n not in self.done][:10]
             raise AgentiumGraphError(
