@@ -135,7 +135,9 @@ async def test_absent_then_cancel_from_a_catalog_without_the_binding() -> None:
     assert [a.state for a in view.actions] == ["rejected"] and view.pending_actions == ()
 
 
-async def test_an_interrupted_dispatch_is_never_hidden_by_a_cancel_without_running() -> None:
+async def crashed_mid_dispatch() -> tuple[Destination, Clock, CrashOnReceipt, FakeConnector]:
+    """A charge the destination accepted whose receipt a crash lost, the crashed worker's
+    lease expired since: the action is left ``dispatching``."""
     dest = Destination()
     clock = Clock()
     store = CrashOnReceipt()
@@ -143,7 +145,12 @@ async def test_an_interrupted_dispatch_is_never_hidden_by_a_cancel_without_runni
     await runtime(conn, store, clock=clock).create("p", program(PLAN))
     with pytest.raises(Crash):
         await runtime(conn, store, clock=clock).run("p", worker_id="w1")
-    clock.now += timedelta(minutes=5)  # the crashed worker's lease expired
+    clock.now += timedelta(minutes=5)
+    return dest, clock, store, conn
+
+
+async def test_an_interrupted_dispatch_is_never_hidden_by_a_cancel_without_running() -> None:
+    _dest, clock, store, conn = await crashed_mid_dispatch()
     other = ExecutionGraphRuntime(catalog=tool_catalog("1"), store=store, clock=clock)
     view = await other.cancel("p", reason="retired")
     # The charge may have happened (it did): the task waits for an operator instead.
@@ -178,14 +185,7 @@ async def test_leave_lookups_leaves_a_crash_left_dispatch_to_a_run() -> None:
     """What the CLI uses for a budget-stopped task (review 26): with an action a crash left
     dispatching, the cancel is not applied without a connector; it is left to a run, whose
     stop looks the action up first and finds the receipt."""
-    dest = Destination()
-    clock = Clock()
-    store = CrashOnReceipt()
-    conn = FakeConnector(dest)
-    await runtime(conn, store, clock=clock).create("p", program(PLAN))
-    with pytest.raises(Crash):
-        await runtime(conn, store, clock=clock).run("p", worker_id="w1")
-    clock.now += timedelta(minutes=5)  # the crashed worker's lease expired
+    dest, clock, store, _conn = await crashed_mid_dispatch()
     await store.request_cancel(CancelTaskRequest(key="p", reason="stop", now=clock()))
     applied = await cancel_stopped(store, "p", lease_ttl=5.0, clock=clock, idle=True,
                                    leave_lookups=True)

@@ -21,6 +21,7 @@ from agentium_graph import (
 )
 from agentium_graph.providers import ScriptedProvider, ScriptedTurn, ToolCall, TurnMatch
 from agentium_graph.store import AppendJournal, CommitRequest, CommitResult
+from tests.test_effects import Crash
 
 CALLS: list[dict[str, Any]] = []
 
@@ -93,10 +94,6 @@ class CrashOnToolResult(InMemoryDurableTaskStore):
             self.armed = False
             raise Crash
         return await super().commit(request)
-
-
-class Crash(BaseException):
-    pass
 
 
 async def test_a_recovery_replays_the_refusals_without_asking_the_model() -> None:
