@@ -22,8 +22,14 @@ from agentium_graph import (
     TaskCanceledError,
     ToolBinding,
 )
+from agentium_graph.errors import ErrorInfo
 from agentium_graph.runtime._resolve import cancel_stopped, canceler_id
-from agentium_graph.store import CancelTaskRequest
+from agentium_graph.store import (
+    AcquireLeaseRequest,
+    CancelTaskRequest,
+    CommitRequest,
+    SetStatus,
+)
 from tests.conftest import CountingStore, program
 from tests.test_effects import PLAN, Crash, CrashOnReceipt, Destination, FakeConnector, runtime
 
@@ -186,12 +192,21 @@ async def test_leave_lookups_leaves_a_crash_left_dispatch_to_a_run() -> None:
     dispatching, the cancel is not applied without a connector; it is left to a run, whose
     stop looks the action up first and finds the receipt."""
     dest, clock, store, _conn = await crashed_mid_dispatch()
+    # As a later run's budget stop leaves it (the action still dispatching): pending, with
+    # the budget error, and its lease let go.
+    grant = await store.acquire_lease(AcquireLeaseRequest(key="p", worker_id="w9",
+                                                          ttl_seconds=5, now=clock()))
+    await store.commit(CommitRequest(key="p", worker_id="w9", fence=grant.fence, now=clock(),
+                                     steps=(SetStatus(status="pending", release_lease=True,
+                                                      error=ErrorInfo(
+                                                          code="budget_exhausted",
+                                                          message="out of tool_calls")),)))
     await store.request_cancel(CancelTaskRequest(key="p", reason="stop", now=clock()))
     applied = await cancel_stopped(store, "p", lease_ttl=5.0, clock=clock, idle=True,
                                    leave_lookups=True)
     snap = await store.get_task("p")
     assert snap is not None and applied is False
-    assert snap.header.status == "running" and snap.header.lease is None  # given back
+    assert snap.header.status == "pending" and snap.header.lease is None  # given back
     assert [a.state for a in snap.actions.values()] == ["dispatching"]
     with pytest.raises(TaskCanceledError):
         await runtime(FakeConnector(dest), store, clock=clock).run("p", worker_id="w2")

@@ -306,9 +306,10 @@ async def cancel_stopped(store: DurableTaskStore, key: str, *, lease_ttl: float,
     ``uncertain`` and the task ``recovery_required`` instead (canceling it again then
     cancels it), as a run's own stop does.
 
-    ``leave_lookups``: if a crash left an action ``dispatching``, change nothing and leave
-    the cancel to a run, whose stop looks the action up through its connector first (for
-    a task a run can still run, such as one stopped by a budget).
+    ``leave_lookups`` (for a task a budget stopped, which a run can still run): only
+    such a task, checked again under the lease, and if a crash left an action
+    ``dispatching``, change nothing and leave the cancel to a run, whose stop looks the
+    action up through its connector first.
 
     False when the task is in neither state any more (an operator resolved it, a worker
     ended it meanwhile) or its cancel is left to a run; True otherwise, also when another
@@ -326,8 +327,11 @@ async def cancel_stopped(store: DurableTaskStore, key: str, *, lease_ttl: float,
         assert snapshot is not None
         allowed = ("recovery_required", "pending", "running") if idle else \
             ("recovery_required",)
-        if snapshot.header.status not in allowed or (leave_lookups and any(
-                a.state == "dispatching" for a in snapshot.actions.values())):
+        header = snapshot.header
+        budget_stopped = header.status == "pending" and header.error is not None and \
+            header.error.code == "budget_exhausted"
+        if header.status not in allowed or (leave_lookups and (not budget_stopped or any(
+                a.state == "dispatching" for a in snapshot.actions.values()))):
             await _release(store, key, worker, grant.fence, clock)
             return False
         # Nothing is written over damage (the lease is given back by the handler below).

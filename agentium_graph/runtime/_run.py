@@ -173,7 +173,7 @@ class TaskRun:
         # nodes (_stop_lookups): the task, whether they were made, the actions they settled
         # and what they said of the rest.
         self.stop_lookup: asyncio.Task[Any] | None = None
-        self._hooked: set[int] = set()  # work of carried tickets _wait wakes on (by id)
+        self._hooked: set[asyncio.Future[Any]] = set()  # carried work _wait wakes on
         self.stop_looked = False
         self.stop_settled: set[str] = set()
         self.stop_unknown: dict[str, str] = {}
@@ -532,12 +532,11 @@ class TaskRun:
         """Leaves an earlier run of this task in this runtime abandoned, still running (a
         sync tool's thread, a call that swallowed its cancel), count against their plan's
         concurrency until they end, as their permits count against the root's."""
-        carried = self.admission.carried and \
-            [t for t in self.admission.carried if not t.released]
+        carried = [t for t in self.admission.carried if not t.released]
         self.admission.carried = carried
-        for ticket in carried:
-            spec = self.graph.specs.get(ticket.node_id or "")
-            if spec is not None and ticket.node_id not in self.running:
+        for node_id in {t.node_id for t in carried}:  # a node once (an agent: many calls)
+            spec = self.graph.specs.get(node_id or "")
+            if spec is not None and node_id not in self.running and node_id not in self.ready:
                 in_scope[spec.scope] = in_scope.get(spec.scope, 0) + 1
 
     def _admit_frontier(self, turn: Turn, in_scope: dict[str, int], steps: list[Step],
@@ -796,8 +795,8 @@ class TaskRun:
             [t for t in self.admission.carried if not t.released]
         for ticket in carried:  # an earlier run's abandoned leaf ending frees its place
             for work in ticket.work:
-                if id(work) not in self._hooked:
-                    self._hooked.add(id(work))
+                if work not in self._hooked:
+                    self._hooked.add(work)
                     work.add_done_callback(lambda _f: self.wake.set())
         if not self.running and not self.ready and self.stop is None and \
                 self.planning is None and not carried:
