@@ -135,3 +135,20 @@ def test_the_default_leaves_pinned_descriptors_as_they_were() -> None:
     allowed = AgentBinding(id="a", version="1", agent=Agent(provider, "x", max_tool_errors=2))
     assert "max_tool_errors" not in str(plain.descriptor())
     assert plain.descriptor() != allowed.descriptor()
+
+
+@pytest.mark.parametrize("errors", [0, 1])
+async def test_a_call_past_the_limit_fails_the_node_before_any_call_of_its_answer_runs(
+        errors: int) -> None:
+    """Found by review 35: the valid calls of an answer ran (an effect would have been
+    dispatched) before a wrong call after them in the same answer failed the node."""
+    CALLS.clear()
+    valid = ToolCall(id="v1", name="add", arguments={"a": 1, "b": 2})
+    provider = ScriptedProvider([
+        ScriptedTurn(tool_calls=(valid, *[BAD_ARGS, NO_SUCH_TOOL][:errors + 1])),
+        ScriptedTurn(text="3")])
+    runtime = ExecutionGraphRuntime(catalog=_catalog(provider, errors))
+    await runtime.create("k", PROGRAM)
+    with pytest.raises(NodeFailedError):
+        await runtime.run("k")
+    assert CALLS == []  # nothing of that answer ran

@@ -198,13 +198,22 @@ async def _loop(run: TaskRun, spec: NodeSpec, args: dict[str, Any]) -> Outcome:
                 f"its last answer asked for tools {asked}, which were not called (no turn was "
                 "left to use their results); raise max_turns or simplify the task",
                 node_id=spec.id, details={"max_turns": agent.max_turns, "not_called": asked})
-        for call in response.tool_calls:
+        calls = [(call, call_key(call.id, turn, keys)) for call in response.tool_calls]
+        # Every wrong call of the answer is found before any of its calls runs: the one past
+        # max_tool_errors fails the node before a valid call beside it could run (or
+        # dispatch an effect) for nothing. A call with a recorded result ran: it was valid.
+        allowed = refusals
+        for call, key in calls:
+            refused = None if (spec.id, key) in run.agent_records.tools else \
+                _refusal(run, spec, tools, call)
+            if refused is not None:
+                if allowed == agent.max_tool_errors:
+                    raise refused
+                allowed += 1
+        for call, key in calls:
             try:
-                result = await _tool_call(run, spec, tools, call,
-                                          call_key(call.id, turn, keys))
+                result = await _tool_call(run, spec, tools, call, key)
             except _CallRefused as refused:
-                if refusals == agent.max_tool_errors:
-                    raise
                 refusals += 1  # the model is told, and may correct the call next turn
                 result = {"error": str(refused), "refused": refusals,
                           "max_tool_errors": agent.max_tool_errors}
@@ -540,18 +549,10 @@ async def _tool_call(run: TaskRun, spec: NodeSpec, tools: dict[str, ToolBinding]
     recorded = run.agent_records.tools.get((spec.id, key))
     if recorded is not None:
         return json.loads(await _blob(run, recorded, spec))
-    tool = tools.get(call.name)
-    if tool is None:
-        raise _CallRefused(f"agent node {spec.id!r}: the model called tool {call.name!r}, "
-                           f"which this agent may not use (allowed: {sorted(tools)})",
-                           node_id=spec.id, details={"tool": call.name, "call_id": call.id})
-    if run.grants is not None and tool.id not in run.grants:
-        raise _CallRefused(f"agent node {spec.id!r}: tool {tool.id!r} is not granted to this "
-                           "task", node_id=spec.id, details={"tool": tool.id})
-    errors = tool.input_errors(call.arguments)
-    if errors:
-        raise schema_error(_CallRefused, spec.id, f"tool call {call.id} ({tool.id}) arguments",
-                           errors[0])
+    refused = _refusal(run, spec, tools, call)
+    if refused is not None:
+        raise refused
+    tool = tools[call.name]
     if tool.connector is not None:
         sub = NodeSpec(id=spec.id, local=spec.local, scope=spec.scope, binding=tool,
                        args=call.arguments, refs=(), deps=())
@@ -562,6 +563,24 @@ async def _tool_call(run: TaskRun, spec: NodeSpec, tools: dict[str, ToolBinding]
                                   name=f"effect:{run.key}:{spec.id}:{key}", node_id=spec.id)
     return await _journal(run, spec, tool, call, key,
                           await _pure_call(run, spec, tool, call, key))
+
+
+def _refusal(run: TaskRun, spec: NodeSpec, tools: dict[str, ToolBinding],
+             call: ToolCall) -> NodeFailedError | None:
+    """Why the model's ``call`` cannot be made (a :class:`_CallRefused`), or None."""
+    tool = tools.get(call.name)
+    if tool is None:
+        return _CallRefused(f"agent node {spec.id!r}: the model called tool {call.name!r}, "
+                            f"which this agent may not use (allowed: {sorted(tools)})",
+                            node_id=spec.id, details={"tool": call.name, "call_id": call.id})
+    if run.grants is not None and tool.id not in run.grants:
+        return _CallRefused(f"agent node {spec.id!r}: tool {tool.id!r} is not granted to this "
+                            "task", node_id=spec.id, details={"tool": tool.id})
+    errors = tool.input_errors(call.arguments)
+    if errors:
+        return schema_error(_CallRefused, spec.id,
+                            f"tool call {call.id} ({tool.id}) arguments", errors[0])
+    return None
 
 
 async def _effect_tool(run: TaskRun, spec: NodeSpec, sub: NodeSpec, call: ToolCall,
