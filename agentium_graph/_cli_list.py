@@ -185,11 +185,8 @@ def _render_list(console: Console, result: TaskList, status: str | None) -> None
             rows.append([_t(row.key), _t(row.status, style="bold red"), "-", "-", "-", "-", "-",
                          _t(row.reason, style="red")])
             continue
-        # A budget stop leaves the task pending, like one nobody ran yet: say which it is.
-        stopped = row.status == "pending" and row.error is not None and \
-            row.error.code == "budget_exhausted"
         shown = _status(row.status)
-        if stopped:
+        if row.budget_stopped:  # pending, like a task nobody ran yet: say which it is
             shown.append(" (budget)", style="yellow")
         rows.append([_t(row.key), shown, str(row.fence),
                      _lease(row.lease, now, short=True),

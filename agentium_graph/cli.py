@@ -538,8 +538,7 @@ def cancel_command(config: CliConfig, key: str, reason: str, as_json: bool) -> N
         after = await store.request_cancel(CancelTaskRequest(key=key, reason=reason, now=now))
         live = after.lease is not None and after.lease.expires_at > now
         applied = False
-        budget_stopped = after.status == "pending" and after.error is not None and \
-            after.error.code == "budget_exhausted"
+        budget_stopped = after.budget_stopped
         if (after.status == "recovery_required" or budget_stopped) and not live:
             # Nothing will run it until its actions are resolved, or a run would stop at
             # the same pinned budget again: cancel it now (this needs only the store; its

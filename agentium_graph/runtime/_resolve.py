@@ -328,9 +328,7 @@ async def cancel_stopped(store: DurableTaskStore, key: str, *, lease_ttl: float,
         allowed = ("recovery_required", "pending", "running") if idle else \
             ("recovery_required",)
         header = snapshot.header
-        budget_stopped = header.status == "pending" and header.error is not None and \
-            header.error.code == "budget_exhausted"
-        if header.status not in allowed or (leave_lookups and (not budget_stopped or any(
+        if header.status not in allowed or (leave_lookups and (not header.budget_stopped or any(
                 a.state == "dispatching" for a in snapshot.actions.values()))):
             await _release(store, key, worker, grant.fence, clock)
             return False

@@ -114,6 +114,14 @@ class TaskHeader(_Record):
     # None for a static plan, and in headers written before this field existed.
     plan_digest: str | None = None
 
+    @property
+    def budget_stopped(self) -> bool:
+        """Whether a budget stopped the task's last run: it is pending again, but a run
+        stops at the same pinned budget again (so nothing but a cancel ends it)."""
+        error = self.error
+        return self.status == "pending" and error is not None and \
+            error.code == "budget_exhausted"
+
 
 class TaskIdentity(_Record):
     """Everything a task pins at create; its digest is the task's identity digest."""
