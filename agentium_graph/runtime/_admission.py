@@ -59,9 +59,11 @@ class AdmissionController:
         self._on_event = on_event
         self._active = 0
         self._holding: dict[int, Ticket] = {}  # granted, not released (by id: unhashable)
-        # Tickets an ended run left holding permits (work it abandoned), from reopen():
-        # the next run counts them against their plan's concurrency too.
+        # Tickets an ended run left holding permits (work it abandoned), from reopen(),
+        # each dropped when it is released: the next run counts them against their plan's
+        # concurrency too, and is told (on_carried_end) when one ends.
         self.carried: list[Ticket] = []
+        self.on_carried_end: Callable[[], None] | None = None
         self._queue: deque[Ticket] = deque()
         self._closed: str | None = None  # why the run stopped: nothing queues any more
         self._held: list[AdmissionEvent] | None = None  # events not reported yet
@@ -235,6 +237,12 @@ class AdmissionController:
             self.emit("released", ticket.node_id, admission_id=ticket.admission_id)
         if self._queue:
             self._grant_waiting()
+        if self.carried:
+            kept = [t for t in self.carried if t is not ticket]
+            if len(kept) < len(self.carried):
+                self.carried = kept
+                if self.on_carried_end is not None:
+                    self.on_carried_end()
         if self._active == 0 and self.on_idle is not None:
             self.on_idle()
 

@@ -173,7 +173,6 @@ class TaskRun:
         # nodes (_stop_lookups): the task, whether they were made, the actions they settled
         # and what they said of the rest.
         self.stop_lookup: asyncio.Task[Any] | None = None
-        self._hooked: set[asyncio.Future[Any]] = set()  # carried work _wait wakes on
         self.stop_looked = False
         self.stop_settled: set[str] = set()
         self.stop_unknown: dict[str, str] = {}
@@ -219,6 +218,8 @@ class TaskRun:
         # Nodes whose terminal state is decided (possibly not yet committed this turn).
         self.closed: set[str] = {n for n, r in self.nodes.items() if r.state in TERMINAL_NODE}
         self.wake = asyncio.Event()
+        # An earlier run's abandoned leaf that ends frees its place in its plan: look again.
+        self.admission.on_carried_end = self.wake.set
         self.stop: Stop | None = None
         # When a live stop abandons the node tasks it canceled that are still running
         # (loop time; _stops.abandon_overdue).
@@ -532,9 +533,7 @@ class TaskRun:
         """Leaves an earlier run of this task in this runtime abandoned, still running (a
         sync tool's thread, a call that swallowed its cancel), count against their plan's
         concurrency until they end, as their permits count against the root's."""
-        carried = [t for t in self.admission.carried if not t.released]
-        self.admission.carried = carried
-        for node_id in {t.node_id for t in carried}:  # a node once (an agent: many calls)
+        for node_id in {t.node_id for t in self.admission.carried}:  # once (an agent: many)
             spec = self.graph.specs.get(node_id or "")
             if spec is not None and node_id not in self.running and node_id not in self.ready:
                 in_scope[spec.scope] = in_scope.get(spec.scope, 0) + 1
@@ -791,15 +790,8 @@ class TaskRun:
             return
         if any(item.free or item.ticket.granted for item in self.ready.values()):
             return
-        carried = self.admission.carried and \
-            [t for t in self.admission.carried if not t.released]
-        for ticket in carried:  # an earlier run's abandoned leaf ending frees its place
-            for work in ticket.work:
-                if work not in self._hooked:
-                    self._hooked.add(work)
-                    work.add_done_callback(lambda _f: self.wake.set())
         if not self.running and not self.ready and self.stop is None and \
-                self.planning is None and not carried:
+                self.planning is None and not self.admission.carried:
             # Nothing runs, nothing waits for a permit, yet work remains: a bug, not a wait.
             stuck = [n for n in self.graph.order if n not in self.done][:10]
             raise AgentiumGraphError(
