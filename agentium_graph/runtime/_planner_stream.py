@@ -440,7 +440,7 @@ async def _frame(run: TaskRun, program: ExecutionGraphProgram, config: PlannerCo
     except BaseException as exc:
         with contextlib.suppress(ValueError):
             run.proposed.remove(entry)  # refused before the commit: never installed
-        from agentium_graph.runtime._run import RevisionConflict
+        from agentium_graph.runtime._submissions import RevisionConflict
 
         if isinstance(exc, RevisionConflict):
             raise _Rejected([Diagnostic(path="$.plan.nodes", code="node_already_started",

@@ -43,7 +43,6 @@ from agentium_graph.runtime._agent import (
     PROPOSAL_KIND,
     TOOL_KIND,
     AgentRecords,
-    clamp_usage,
     run_agent,
 )
 from agentium_graph.runtime._context import ToolContext, new_context
@@ -69,6 +68,7 @@ from agentium_graph.runtime._stops import (
     recovery_stop,
     settle_planning,
 )
+from agentium_graph.runtime._submissions import Submission, drain_submissions, submitter
 from agentium_graph.runtime._tool import escaped_cancel, invoke_tool
 from agentium_graph.runtime._views import TaskResult
 from agentium_graph.store._protocol import DurableTaskStore
@@ -77,7 +77,6 @@ from agentium_graph.store._requests import (
     AcquireLeaseRequest,
     AppendJournal,
     Charge,
-    CommitRevision,
     RecordAction,
     SettleNode,
     StartAttempt,
@@ -121,35 +120,6 @@ class RunState:
     actions: dict[str, ActionRecord]
     identity: TaskIdentity
     outputs: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class _Submission:
-    steps: list[Step]
-    blobs: dict[str, str]
-    future: asyncio.Future[None]
-    tombstone: tuple[str, ...] = ()  # nodes a plan revision removes: must still be unclaimed
-    revision: bool = False           # a streamed plan revision: refused once the run stops
-    clamp: bool = False              # usage that already happened: charged up to the limits
-    node: str | None = None          # the node that submitted it (None: the planner)
-
-
-def _submitter(steps: list[Step]) -> str | None:
-    """The node whose steps these are (the first step naming one), None for the planner's."""
-    for step in steps:
-        node = step.action.node_id if isinstance(step, RecordAction) else \
-            getattr(step, "node_id", None)
-        if node is not None:
-            return str(node)
-    return None
-
-
-class RevisionConflict(Exception):
-    """A plan revision would remove nodes that were started after it was checked."""
-
-    def __init__(self, started: list[str]) -> None:
-        super().__init__(f"nodes {started} were started before the revision was committed")
-        self.started = started
 
 
 class FastStartRefused(Exception):
@@ -200,7 +170,7 @@ class TaskRun:
         self.grants = state.identity.grants
         self.catalog_digest = state.identity.catalog_digest
         self.caller = {"task": key}
-        self.submissions: list[_Submission] = []
+        self.submissions: list[Submission] = []
         self.graph = FlatGraph(plan)
         self.container_args: dict[str, dict[str, Any]] = {}
         self.task_input = state.identity.input
@@ -307,7 +277,7 @@ class TaskRun:
             if self.finished:
                 self._settle_finished(steps, blobs)
             pending: dict[str, int] = {}
-            accepted = self._drain_submissions(steps, blobs, pending) if self.submissions \
+            accepted = drain_submissions(self, steps, blobs, pending) if self.submissions \
                 else []
             if self.stop is None and self.active_containers:
                 containers.advance(self, steps, blobs, pending)
@@ -351,7 +321,7 @@ class TaskRun:
         """Commit ``steps`` from inside a running node, in the loop's next group commit.
 
         ``tombstone``: pending nodes the steps remove (a plan revision). The submission is
-        refused with :class:`RevisionConflict` if one of them was started meanwhile.
+        refused with :class:`~._submissions.RevisionConflict` if one of them was started meanwhile.
         ``clamp``: its charges are usage that already happened (a model's tokens beyond the
         reservation): charged up to what the limits leave in this commit, the rest added to
         the ``usage_over_limit`` of its journal entry, never refused.
@@ -363,67 +333,10 @@ class TaskRun:
         if self.ended:
             future.cancel()
         else:
-            self.submissions.append(_Submission(steps, blobs or {}, future, tombstone,
-                                                revision, clamp, _submitter(steps)))
+            self.submissions.append(Submission(steps, blobs or {}, future, tombstone,
+                                               revision, clamp, submitter(steps)))
             self.wake.set()
         await future
-
-    def _drain_submissions(self, steps: list[Step], blobs: dict[str, str],
-                           pending: dict[str, int]) -> list[_Submission]:
-        accepted: list[_Submission] = []
-        queued, self.submissions = self.submissions, []
-        halted = self.stop is not None and self.stop.reason in ("canceled", "deadline")
-        for sub in queued:
-            if sub.future.done():
-                continue  # its submitter was canceled: nothing of it is committed
-            if sub.node is not None and sub.node not in self.running:
-                sub.future.cancel()  # its node's task was abandoned: its late work is not
-                continue
-            if halted and any(isinstance(step, Charge) for step in sub.steps):
-                sub.future.cancel()  # no new work is admitted once the task is stopping
-                continue
-            if sub.revision and self.stop is not None:
-                sub.future.cancel()  # a stopping run takes no new plan revision
-                continue
-            if sub.tombstone:
-                started = sorted(n for n in sub.tombstone if not self.replaceable(n))
-                if started:
-                    sub.future.set_exception(RevisionConflict(started))
-                    continue
-            if sub.clamp:
-                sub.steps = clamp_usage(self, sub.steps, pending)
-            charges: dict[str, int] = {}
-            charge: Charge | None = None
-            for step in sub.steps:
-                if isinstance(step, Charge):
-                    charge = step
-                    for name, amount in step.charges.items():
-                        charges[name] = charges.get(name, 0) + amount
-                elif isinstance(step, CommitRevision):  # what the store will charge for it
-                    charges["plan_revisions"] = charges.get("plan_revisions", 0) + 1
-                    charges["expanded_nodes"] = charges.get("expanded_nodes", 0) + \
-                        len(step.add)
-            exhausted = self._exceeds(charges, pending)
-            if exhausted is not None:
-                counter, used, limit = exhausted
-                owner = None if charge is None else charge.node_id
-                self.admission.emit("exhausted", owner, counter=counter,
-                                    admission_id=None if charge is None else
-                                    charge.admission_id)
-                sub.future.set_exception(BudgetExhaustedError(
-                    self.key, counter, used, charges[counter], limit, node_id=owner))
-                continue
-            for name, amount in charges.items():
-                pending[name] = pending.get(name, 0) + amount
-            for node_id in sub.tombstone:  # not started until the revision is installed
-                item = self.ready.pop(node_id, None)
-                if item is not None:
-                    self.admission.withdraw(item.ticket, "revised")
-                self.revising.add(node_id)
-            steps.extend(sub.steps)
-            blobs.update(sub.blobs)
-            accepted.append(sub)
-        return accepted
 
     # --- settle ---------------------------------------------------------------------
     def _settle_finished(self, steps: list[Step], blobs: dict[str, str]) -> None:
@@ -595,7 +508,7 @@ class TaskRun:
     def admit_charges(self, node_id: str, charges: dict[str, int], pending: dict[str, int],
                       adm: str | None) -> bool:
         """Reserve ``charges`` in this turn's commit, or begin a budget stop."""
-        exhausted = self._exceeds(charges, pending)
+        exhausted = self.exceeds(charges, pending)
         if exhausted is not None:
             counter, used, limit = exhausted
             self.admission.emit("exhausted", node_id, admission_id=adm, counter=counter)
@@ -636,7 +549,7 @@ class TaskRun:
                 start = [start_attempt(node_id, att, item.input_digest, adm, charges,
                                        node.deps)]
                 intent = None
-            exhausted = self._exceeds(charges, pending)
+            exhausted = self.exceeds(charges, pending)
             if exhausted is not None:
                 counter, used, limit = exhausted
                 self.admission.emit("exhausted", node_id, admission_id=adm, counter=counter)
@@ -658,7 +571,7 @@ class TaskRun:
             launch.append(item)
         return launch
 
-    def _exceeds(self, charges: dict[str, int],
+    def exceeds(self, charges: dict[str, int],
                  pending: dict[str, int]) -> tuple[str, int, int] | None:
         header = self.header
         limits, counters = header.limits, header.counters
