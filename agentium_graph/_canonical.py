@@ -262,7 +262,7 @@ def canonical_bytes(value: JSONValue, *, trusted: bool = False) -> bytes:
 
 def digest(value: JSONValue, *, trusted: bool = False) -> str:
     """``sha256:<hex>`` of the canonical JSON of ``value``."""
-    text = _encode_checked(value) if trusted else checked_json(value)[0]
+    text = canonical_json(value, trusted=trusted)
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 

@@ -202,8 +202,8 @@ async def _dispatch(run: TaskRun, node: NodeSpec, connector: Any, request: Actio
         try:
             # The permit covers the dispatch's own task: one abandoned (it swallowed a
             # cancel) keeps its slot until it really ends, as an abandoned tool does.
-            ticket = permit if permit is not None else \
-                getattr(run.running.get(node.id), "ticket", None)
+            running = run.running.get(node.id)  # an effect node's own permit
+            ticket = permit if permit is not None or running is None else running.ticket
             result = await _bounded(connector.dispatch(request), run.rt.effect_timeout,
                                     _who(run, connector, action, "dispatch"),
                                     f"dispatch:{run.key}:{action.action_id}",

@@ -279,16 +279,10 @@ def new_attempt(number: int, attempt_id: str, fence: int, worker_id: str,
                 started_at: datetime, admission_id: str | None,
                 input_digest: str | None) -> AttemptRecord:
     """``AttemptRecord(...)`` of a just started attempt (not ended), without validation."""
-    # trusted()'s body, inlined (as in journal_entry): one attempt starts per node.
-    model = _new(AttemptRecord)
-    _set_dict(model, {
+    return trusted(AttemptRecord, {
         "number": number, "attempt_id": attempt_id, "fence": fence, "worker_id": worker_id,
         "started_at": started_at, "admission_id": admission_id,
-        "input_digest": input_digest, "ended_at": None, "outcome": None})
-    _set_fields_set(model, set(_ATTEMPT_SET))
-    _set_extra(model, None)
-    _set_private(model, None)
-    return model
+        "input_digest": input_digest, "ended_at": None, "outcome": None}, _ATTEMPT_SET)
 
 
 _NEW_NODE_SET: Final = frozenset({"node_id", "incarnation_id", "kind", "binding", "version",

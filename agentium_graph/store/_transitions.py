@@ -247,11 +247,14 @@ class _Apply:
         return True
 
     def require_completed(self, node_id: str, deps: Iterable[str]) -> None:
+        changed, nodes = self.changed_nodes, self.nodes  # node()'s lookup, inlined: per start
         for dep in deps:
-            if self.node(dep).state != "completed":
+            rec = changed.get(dep) or nodes.get(dep)
+            if rec is None or rec.state != "completed":
+                state = self.node(dep).state  # raises for a node the task does not have
                 raise InvalidTransitionError(
-                    f"node {node_id!r} cannot start: dependency {dep!r} is "
-                    f"{self.node(dep).state!r}, not completed", node_id=node_id)
+                    f"node {node_id!r} cannot start: dependency {dep!r} is {state!r}, not "
+                    "completed", node_id=node_id)
 
     # steps --------------------------------------------------------------------------
     def add_nodes(self, new: Iterable[NodeRecord], admission_id: str, *,
@@ -288,11 +291,7 @@ class _Apply:
                 self.node(step.node_id)
             if "running" not in NODE_TRANSITIONS[rec.state]:
                 self.move(rec, "running")
-            requires = step.requires_completed
-            for dep in requires:
-                dep_rec = self.changed_nodes.get(dep) or self.nodes.get(dep)
-                if dep_rec is None or dep_rec.state != "completed":
-                    self.require_completed(step.node_id, requires)  # raises, naming why
+            self.require_completed(step.node_id, step.requires_completed)
             attempts = list(rec.attempts)
             if attempts and attempts[-1].ended_at is None:
                 last = attempts[-1]
