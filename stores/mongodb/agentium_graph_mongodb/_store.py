@@ -10,7 +10,7 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -83,6 +83,7 @@ from agentium_graph_mongodb._errors import (
     stalled_call,
     text_errors,
 )
+from agentium_graph_mongodb._loops import CLOSING, Discard, LoopState, close_when_idle
 from agentium_graph_mongodb._ops import Counters, Session
 
 log = logging.getLogger("agentium_graph.mongodb")
@@ -285,7 +286,7 @@ class MongoDBDurableTaskStore:
         self._capabilities = StoreCapabilities(durable=True, multi_process=True,
                                                name="mongodb", max_blob_bytes=MAX_BLOB_BYTES)
         self._counters = Counters()
-        self._loops: dict[asyncio.AbstractEventLoop, _LoopState] = {}
+        self._loops: dict[asyncio.AbstractEventLoop, LoopState] = {}
         self._loops_lock = threading.Lock()
         self._checked = False   # the meta document was read and its version accepted
         self._prepared = False  # the meta document is stamped and the indexes exist
@@ -432,7 +433,7 @@ class MongoDBDurableTaskStore:
             self._replace_client(state)
         raise stalled_call(op, self._where, deadline, replaced=replaced)
 
-    def _replace_client(self, state: _LoopState) -> bool:
+    def _replace_client(self, state: LoopState) -> bool:
         """Give this loop a new client (and session) in place of one whose call stalled;
         the old one is closed in the background, bounded. False if it cannot be made."""
         if self._uri is None or self._closed or state.closed:
@@ -447,16 +448,16 @@ class MongoDBDurableTaskStore:
         # Operations of other tasks may be running on the old client, healthy: closing it
         # under them would fail each with InvalidOperation. It is closed once they ended
         # (bounded: one of them may be stuck in the same pool).
-        closing = asyncio.ensure_future(_close_when_idle(old, used, state.deadline_s))
-        _CLOSING.add(closing)
-        closing.add_done_callback(_CLOSING.discard)
+        closing = asyncio.ensure_future(close_when_idle(old, used, state.deadline_s))
+        CLOSING.add(closing)
+        closing.add_done_callback(CLOSING.discard)
         state.retiring.add(closing)
         closing.add_done_callback(state.retiring.discard)
         log.warning("MongoDB store (%s): a driver call stalled; the store replaced its "
                     "client", self._where)
         return True
 
-    def _state(self) -> _LoopState:
+    def _state(self) -> LoopState:
         """What the store keeps for the running event loop (created on its first use)."""
         loop = asyncio.get_running_loop()
         with self._loops_lock:
@@ -485,7 +486,7 @@ class MongoDBDurableTaskStore:
                     assert self._uri is not None
                     spare = _client_from_uri(self._uri, *self._client_options)
                 client, owned = spare, True
-            state = _LoopState(loop, client, owned, DocCache(self._cache_size),
+            state = LoopState(loop, client, owned, DocCache(self._cache_size),
                                call_deadline(client))
             self._loops[loop] = state
             return state
@@ -534,7 +535,7 @@ class MongoDBDurableTaskStore:
             # this operation goes on with the session it prepared with.
             return state.session or session
 
-    def _forget(self, state: _LoopState) -> None:
+    def _forget(self, state: LoopState) -> None:
         with self._loops_lock:
             if self._loops.get(state.loop) is state:
                 del self._loops[state.loop]
@@ -710,12 +711,9 @@ class MongoDBDurableTaskStore:
         await self.close()
 
 
-# How long close() lets operations on a replaced client end before closing it anyway.
-RETIRE_WAIT_S = 6.0
 # The session of the protocol operation running in this task (set by _call).
 _OPERATION_SESSION: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
     "agentium_graph_mongodb_session", default=None)
-_CLOSING: set[asyncio.Future[None]] = set()  # stuck clients being closed, kept referenced
 
 
 def _abandon(call: asyncio.Future[Any]) -> None:
@@ -730,27 +728,6 @@ def _outcome_seen(call: asyncio.Future[Any]) -> None:
         call.exception()
 
 
-async def _close_when_idle(client: AsyncMongoClient[dict[str, Any]], used: Session | None,
-                           deadline_s: float | None) -> None:
-    """Close a replaced client once the operations running on it ended, waiting at most
-    twice a call's bound (each of their calls ends within one); at once if cancelled (the
-    store closing, its loop ending)."""
-    try:
-        if used is not None:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(2 * (deadline_s or 30.0)):
-                    await used.idle.wait()
-    finally:
-        await _close_quietly(client)
-
-
-async def _close_quietly(client: AsyncMongoClient[dict[str, Any]]) -> None:
-    """Close a client whose pool may be stuck, giving up after a few seconds."""
-    with contextlib.suppress(Exception):
-        async with asyncio.timeout(5.0):
-            await client.close()
-
-
 def _redeliver_cancel(task: asyncio.Task[Any] | None, cancels: int) -> None:
     """Raise CancelledError if the task was cancelled during a driver call that ended
     without raising it: pymongo's async network layer can swallow a cancellation that
@@ -760,70 +737,15 @@ def _redeliver_cancel(task: asyncio.Task[Any] | None, cancels: int) -> None:
         raise asyncio.CancelledError
 
 
-class _Discard(Exception):
-    """Thrown into a loop guard whose loop is gone: end it without closing anything."""
-
-
-@dataclass(eq=False, slots=True)
-class _LoopState:
-    """What the store keeps per event loop: the client, session and cache used there."""
-
-    loop: asyncio.AbstractEventLoop
-    client: AsyncMongoClient[dict[str, Any]]
-    owned: bool
-    cache: DocCache
-    deadline_s: float | None  # a whole driver call's bound (None: the client sets none)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    session: Session | None = None
-    guard: AsyncGenerator[None, None] | None = None
-    closed: bool = False
-    retiring: set[asyncio.Future[None]] = field(default_factory=set)  # replaced, closing
-
-    async def shutdown(self) -> None:
-        """Close an owned client; on this state's loop only. Never raises."""
-        if self.closed:
-            return
-        self.closed = True
-        self.cache.clear()
-        if self.retiring:  # clients replaced after a stall: give their operations a
-            # moment to end, then close them anyway
-            _, waiting = await asyncio.wait(set(self.retiring), timeout=RETIRE_WAIT_S)
-            for closing in waiting:
-                closing.cancel()
-            if waiting:
-                await asyncio.wait(waiting, timeout=RETIRE_WAIT_S)
-        if self.owned:
-            with contextlib.suppress(PyMongoError, OSError, RuntimeError):
-                await self.client.close()
-
-    async def close_here(self) -> None:
-        """Close from this state's own loop (ending its guard too)."""
-        if self.guard is not None:
-            with contextlib.suppress(RuntimeError):  # the guard is closing already
-                await self.guard.aclose()
-        await self.shutdown()
-
-    def discard(self) -> None:
-        """Forget a state whose loop was closed without shutting down its async
-        generators: nothing can run there any more (its connections go with the loop)."""
-        self.closed = True
-        self.cache.clear()
-        guard, self.guard = self.guard, None
-        if guard is not None:
-            # End the guard now, synchronously, so it is never finalized on a dead loop.
-            with contextlib.suppress(StopAsyncIteration, StopIteration, RuntimeError):
-                guard.athrow(_Discard()).send(None)
-
-
 async def _close_with_loop(store: weakref.ref[MongoDBDurableTaskStore],
-                           state: _LoopState) -> AsyncGenerator[None, None]:
+                           state: LoopState) -> AsyncGenerator[None, None]:
     """An async generator started on the state's loop: the loop's shutdown (asyncio.run's
     ``shutdown_asyncgens``) closes it, which closes the loop's client before the loop
     closes."""
     discard = False
     try:
         yield
-    except _Discard:
+    except Discard:
         discard = True
     finally:
         if not discard:  # closed by the loop's shutdown, or by close() on this loop

@@ -23,7 +23,7 @@ from pymongo.errors import AutoReconnect
 from pymongo.errors import ConfigurationError as DriverConfigurationError
 
 from agentium_graph.errors import StoreSchemaError, StoreUnavailableError
-from agentium_graph_mongodb import MongoDBDurableTaskStore, _client, _store
+from agentium_graph_mongodb import MongoDBDurableTaskStore, _client, _loops, _store
 from agentium_graph_mongodb._errors import TransientStoreError, is_transient, map_mongo_error
 from agentium_graph_mongodb.testing import open_store
 
@@ -354,7 +354,7 @@ async def test_close_closes_a_replaced_client_still_in_use(
     """Found by review 29: close() gave a replaced client's closing 6 s while that closing
     waited for its operations up to twice a call's bound; the loop then ended and the old
     client was never closed."""
-    monkeypatch.setattr(_store, "RETIRE_WAIT_S", 0.2)
+    monkeypatch.setattr(_loops, "RETIRE_WAIT_S", 0.2)
     store = open_store(mongodb_uri, mongodb_database, retries=0)
     await _created(store, "stall")
     await _created(store, "h")
