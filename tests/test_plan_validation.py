@@ -215,6 +215,18 @@ def test_unknown_reference_node() -> None:
     assert "'ghost'" in messages(p)[0]
 
 
+@pytest.mark.parametrize("value", [ref("ghost"), {"$ref": {"node": "ghost", "oops": 1}},
+                                   {"$ref": "ghost"}], ids=["unknown", "unknown-field", "string"])
+def test_a_bad_reference_is_not_also_judged_as_a_literal_arg(value: Any) -> None:
+    # (review 39) The input schema wants a string at "sku": a $ref there is a future value
+    # whether or not it names a node that exists, so only the reference's own problem is
+    # reported, not an args_invalid about the {"$ref": ...} object.
+    p = plan(node("a", "lookup", args={"sku": value}))
+    assert [code for code, _, _ in problems(p)] in (["unknown_reference"], ["bad_reference"])
+    assert problems(plan(node("a", "lookup", args={"sku": 3}))) == [
+        ("args_invalid", "$.nodes[0].args.sku", "a")]
+
+
 def test_dependencies_on_later_nodes_are_fine() -> None:
     compiled = ok(plan(node("b", dependsOn=["a"]), node("a")))
     assert compiled.order == ("a", "b")

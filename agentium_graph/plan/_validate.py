@@ -408,18 +408,16 @@ def validate_plan(
     for nid, binding in bindings.items():
         args = nodes[ids[nid]].get("args", {})
         if isinstance(args, dict):
-            _check_args(args, f"$.nodes[{ids[nid]}].args", nid, binding,
-                        [r.arg_path for r in refs[nid]], diags)
+            _check_args(args, f"$.nodes[{ids[nid]}].args", nid, binding, diags)
     # A node under a duplicated id is not part of the graph, but its own problems are still
     # reported: every diagnostic at once, not one fix-and-retry round per problem.
     for nid, i in duplicates:
         node = nodes[i]
         binding = _check_binding(node, f"$.nodes[{i}]", nid, catalog, grants, diags)
-        _, dup_refs = _check_dependencies(node, f"$.nodes[{i}]", nid, binding, ids, diags)
+        _check_dependencies(node, f"$.nodes[{i}]", nid, binding, ids, diags)
         args = node.get("args", {})
         if binding is not None and isinstance(args, dict):
-            _check_args(args, f"$.nodes[{i}].args", nid, binding,
-                        [r.arg_path for r in dup_refs], diags)
+            _check_args(args, f"$.nodes[{i}].args", nid, binding, diags)
 
     if diags.items:
         raise PlanValidationError(diags.items, subject=subject)
@@ -595,14 +593,17 @@ def _check_ref_path(r: Ref, i: int, nid: str, producer: Binding | None, catalog:
 
 
 def _check_args(args: dict[str, Any], where: str, nid: str, binding: Binding,
-                ref_paths: list[tuple[str | int, ...]], diags: _Collector) -> None:
+                diags: _Collector) -> None:
     """Args are checked now as far as they are static; the rest after resolution.
 
     The input schema sees what the tool will receive (literals unwrapped, references still
     in place); an error inside a literal is reported at its place in the plan. The host's
     ``validate_template`` sees the args as written, so it can tell literal data from a
-    reference.
+    reference. Every ``$ref`` stands for a future value, also one that names an unknown node
+    or is malformed: its own diagnostic says so, not a schema error about the ``$ref``
+    object.
     """
+    ref_paths = [p for p, _ in iter_refs(args)]
     literals = [p for p, _ in iter_literals(args)]
     for err in binding.input_errors(unwrap_literals(args)):
         if _static_verdict(err, ref_paths):
