@@ -306,6 +306,9 @@ def simulate(script: Script) -> Expected:
         cur = e.revision
         if cur >= 1 and base == cur - 1 and plan_digest(plan) == plan_digest(script.plan(cur)):
             return True  # an identical retransmission
+        if cur >= 1 and base == cur and plan.get("revision") == cur + 1 and \
+                plan_digest({**plan, "revision": cur}) == plan_digest(script.plan(cur)):
+            return True  # the committed plan restated on the next base: nothing new
         count_frame()
         if base != cur:
             reject(["base_revision_mismatch"])

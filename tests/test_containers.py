@@ -12,6 +12,7 @@ from agentium_graph import (
     ExecutionGraphRuntime,
     GraphBinding,
     HostCatalog,
+    InMemoryDurableTaskStore,
     NodeFailedError,
     RepeatBinding,
     RootLimits,
@@ -214,6 +215,37 @@ async def test_recovery_resumes_at_the_right_iteration(calls: Calls) -> None:
     result = await fresh.run("rec", "w1")
     assert result.output["r"]["iterations"] == 4
     assert calls.by_node == {"r/0/next": 1, "r/1/next": 1, "r/2/next": 1, "r/3/next": 1}
+
+
+async def test_the_condition_sees_only_durable_completions(calls: Calls) -> None:
+    # (review 36) The guard of iteration i ran in the same turn as the completion of the
+    # iteration's last node, before that completion was committed: a worker that died (or
+    # lost its lease) during the condition left the node running, and the next run
+    # executed it again after its output had been used. The condition now runs once the
+    # completion is durable, and here it finds the node completed in the store.
+    store = InMemoryDurableTaskStore()
+    seen: list[tuple[int, str]] = []
+    crashed: list[int] = []
+
+    def condition(state: dict[str, Any]) -> bool:
+        i = state["iteration"]
+        record = store._tasks["durable"].nodes[f"r/{i}/next"]  # what the store holds now
+        seen.append((i, record.state))
+        if i == 1 and not crashed:
+            crashed.append(i)
+            raise SystemExit("the worker dies while the condition runs")
+        return i < 2
+
+    rt = ExecutionGraphRuntime(catalog=catalog(calls, condition=condition), store=store)
+    await rt.create("durable", program({"schemaVersion": 1, "revision": 1, "nodes": [
+        {"id": "r", "binding": "loop", "version": "1", "args": {"x": 0}}]}))
+    with pytest.raises(SystemExit):
+        await rt.run("durable", "w1")
+    result = await ExecutionGraphRuntime(catalog=catalog(calls, condition=condition),
+                                         store=store).run("durable", "w1")
+    assert result.output["r"]["iterations"] == 3
+    assert calls.by_node == {"r/0/next": 1, "r/1/next": 1, "r/2/next": 1}
+    assert seen == [(0, "completed"), (1, "completed"), (1, "completed"), (2, "completed")]
 
 
 async def test_expansion_limit_stops_a_repeat_before_materializing(calls: Calls) -> None:

@@ -187,6 +187,22 @@ async def test_an_identical_retransmission_is_ignored(calls: Calls) -> None:
     assert view.planner is not None and view.planner.rejected == 0
 
 
+async def test_the_committed_plan_restated_on_the_next_base_is_ignored(calls: Calls) -> None:
+    # (review 39) A model that sends its unchanged plan again on the next base (the natural
+    # way to say "no change") committed a revision that changed nothing and spent one of
+    # plan_revisions. It is ignored like a retransmission, also by max_frames; a real
+    # change after it still commits as the next revision.
+    provider = ScriptedProvider([turn(frame(0, node("a", 1)), frame(1, node("a", 1)),
+                                      frame(1, node("a", 1)),
+                                      frame(1, node("a", 1), node("b", ref("a"), "a")))])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    await rt.create("n", streamed(provider, stream=StreamLimits(max_frames=2)))
+    assert (await rt.run("n")).output == {"a": {"value": 2}, "b": {"value": 3}}
+    view = await rt.inspect("n")
+    assert view.revision == 2 and view.counters["plan_revisions"] == 2
+    assert view.planner is not None and (view.planner.proposals, view.planner.rejected) == (2, 0)
+
+
 @pytest.mark.parametrize(("text", "code"), [
     ("not json\n", "frame_not_json"),
     ('{"plan": {}}\n', "frame_shape"),

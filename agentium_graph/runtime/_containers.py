@@ -164,6 +164,12 @@ def advance(run: TaskRun, steps: list[Step], blobs: dict[str, str],
             # stopping run starts no new iteration (its charge would buy nodes born
             # canceled, or never runnable); a budget stop's next run decides again.
             continue
+        if any(run.nodes[m].state != "completed" for m in last.members):
+            # Completed this turn, not yet durable: the condition runs once they are, in
+            # the next turn (SPEC 8: a completion persists before what uses it). A crash
+            # or a takeover during a slow condition then never re-runs the iteration.
+            run.again = True
+            continue
         i = last.iteration
         try:
             # Copies: the condition may change what it is given, but not the outputs and

@@ -8,8 +8,8 @@ were claimed or started must stay exactly as they are (binding, version, args, d
 unclaimed pending nodes may change or go. An accepted frame is one commit: its verdict and
 ``CommitRevision`` n -> n+1, which tombstones the removed and replaced nodes and adds the new
 ones (spending expansion allowance), fenced like every write and compare-and-set on the
-revision. A frame identical to the revision just committed is ignored. The scheduler installs
-each committed revision at once, so its ready nodes start while the stream goes on.
+revision. A frame that asks for nothing new is ignored (see ``_unchanged``). The scheduler
+installs each committed revision at once, so its ready nodes start while the stream goes on.
 
 Planning seals at the stream's end (``StreamEnd``) once at least one revision is committed:
 usage beyond the reservation is charged then (up to the limits, the rest journaled) together
@@ -386,9 +386,8 @@ async def _frame(run: TaskRun, program: ExecutionGraphProgram, config: PlannerCo
         _count_frame(config, state, run)
         raise
     current = run.header.revision
-    if current >= 1 and base == current - 1 and state.plan_digest is not None and \
-            digest(plan) == state.plan_digest:
-        return  # an identical retransmission of the revision just committed
+    if _unchanged(base, plan, current, state):
+        return
     _count_frame(config, state, run)
     if base != current:
         raise _Rejected([Diagnostic(path="$.baseRevision", code="base_revision_mismatch",
@@ -449,6 +448,19 @@ async def _frame(run: TaskRun, program: ExecutionGraphProgram, config: PlannerCo
                             ) from None
         raise
     state.plan, state.plan_digest = plan, plan_digest
+
+
+def _unchanged(base: int, plan: dict[str, Any], current: int, state: _State) -> bool:
+    """Whether a frame asks for nothing new: the plan of the revision just committed, sent
+    again on that revision's base (a retransmission) or on it as the next base with only
+    its ``revision`` moved on (a model restating an unchanged plan). Either is ignored: it
+    spends no revision and no frame."""
+    if current < 1 or state.plan_digest is None:
+        return False
+    if base == current - 1:
+        return digest(plan) == state.plan_digest
+    return base == current and plan.get("revision") == current + 1 and \
+        digest({**plan, "revision": current}) == state.plan_digest
 
 
 def _count_frame(config: PlannerConfig, state: _State, run: TaskRun) -> None:
