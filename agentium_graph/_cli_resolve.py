@@ -77,5 +77,7 @@ def resolve_command(config: object, key: str, action_id: str, absent: bool,
     if as_json:
         click.echo(json.dumps(action.model_dump(mode="json"), sort_keys=True, indent=2))
     else:
+        # The resolution recorded: a repeated one changes nothing, so it names its first actor.
+        recorded = (action.resolution or {}).get("actor", actor)
         click.echo(f"action {action_id} of task {key!r} is now {action.state} "
-                   f"(resolved by {actor!r}); run the task again to continue")
+                   f"(resolved by {recorded!r}); run the task again to continue")

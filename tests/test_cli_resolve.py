@@ -82,6 +82,15 @@ def test_cli_resolve_then_run_completes(tmp_path: Path, mode: str) -> None:
     again = runner.invoke(cli, ["--store", uri, "resolve", "pay-1", action_id, "--actor",
                                 "someone", *other])
     assert again.exit_code != 0 and "second resolution is rejected" in again.output
+    assert "already resolved by 'oncall'" in again.output
+    # The same resolution again changes nothing and names who recorded it (review 37: it
+    # named the repeating actor, whom the ledger never recorded).
+    same = ["--output", json.dumps(dest.accepted[action_id])] if mode == "output" else \
+        ["--absent"]
+    repeated = runner.invoke(cli, ["--store", uri, "resolve", "pay-1", action_id, "--actor",
+                                   "mallory", *same])
+    assert repeated.exit_code == 0, repeated.output
+    assert "(resolved by 'oncall')" in repeated.output and "mallory" not in repeated.output
     after = FakeConnector(dest)
     done = asyncio.run(_finish(db, after))
     assert done["charge"]["amount"] == 500

@@ -88,3 +88,37 @@ def test_a_connector_id_and_version_must_be_non_empty_strings(attr: str, value: 
     setattr(conn, attr, value)
     with pytest.raises(ConfigurationError, match=f"connector {attr} must be a non-empty"):
         ToolBinding(id="pay", version="1", connector=conn, destination="payments")
+
+
+OTHER_ACTION = "act_0123456789abcdef01234567"  # an id of the form the runtime derives
+
+
+class AnswersForAnotherAction(FakeConnector):
+    """Returns an outcome naming another action's id: a connector that mixed up its keys
+    (a cache keyed wrongly, a lookup by the wrong column)."""
+
+    async def dispatch(self, request: ActionRequest) -> ActionOutcome:
+        if self.dispatch_mode != "other":
+            return await super().dispatch(request)
+        self.dispatched.append(request)
+        return ActionOutcome(output={"charge_id": "ch_9", "amount": 1}, result_ref=OTHER_ACTION)
+
+    async def resolve_result(self, result_ref: str) -> Any:
+        self.resolved.append(result_ref)
+        return ActionOutcome(output={"charge_id": "ch_9", "amount": 1}, result_ref=OTHER_ACTION)
+
+
+@pytest.mark.parametrize("mode", ["other", "raise_after_accept"], ids=["dispatch", "lookup"])
+async def test_an_outcome_naming_another_action_is_not_this_ones_receipt(mode: str) -> None:
+    # (review 37) Another action's outcome completed the node with its output; a handle of
+    # the connector's own (the destination's id) is still fine: see test_review22_consumer.
+    conn = AnswersForAnotherAction(Destination(), dispatch_mode=mode)
+    rt = ExecutionGraphRuntime(catalog=pay_catalog(conn), store=CountingStore(),
+                               lookup_timeout=0.2, lookup_attempts=1)
+    await rt.create("p", program(PLAN))
+    with pytest.raises(DurableRecoveryRequiredError):
+        await rt.run("p")
+    [action] = (await rt.inspect("p")).actions
+    assert action.state == "uncertain" and OTHER_ACTION in (action.reason or "")
+    assert "answers for another action" in (action.reason or "")
+    assert len(conn.dispatched) == 1 and (await rt.inspect("p")).nodes["charge"].output is None

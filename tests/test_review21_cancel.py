@@ -19,6 +19,7 @@ from agentium_graph import (
     DurableRecoveryRequiredError,
     ExecutionGraphRuntime,
     HostCatalog,
+    ResolutionConflictError,
     TaskCanceledError,
     ToolBinding,
 )
@@ -214,3 +215,16 @@ async def test_leave_lookups_leaves_a_crash_left_dispatch_to_a_run() -> None:
     assert snap is not None and snap.header.status == "canceled"
     assert [a.state for a in snap.actions.values()] == ["confirmed"]  # looked up, recorded
     assert dest.accept_count == 1
+
+
+async def test_resolving_a_dispatching_action_says_only_uncertain_ones_can_be() -> None:
+    # (review 37) It said "a second resolution is rejected" although nothing had been
+    # resolved: the action a crash left dispatching is looked up by the next run.
+    _dest, clock, store, conn = await crashed_mid_dispatch()
+    rt = runtime(conn, store, clock=clock)
+    with pytest.raises(ResolutionConflictError) as info:
+        await rt.resolve_action("p", conn.dispatched[0].action_id, Absent(), actor="oncall")
+    message = str(info.value)
+    assert "is dispatching, not uncertain" in message and "second resolution" not in message
+    assert "a run looks a dispatching action up through its connector first" in message
+    assert [a.state for a in (await rt.inspect("p")).actions] == ["dispatching"]

@@ -153,11 +153,16 @@ def _unresolved(snapshot: TaskSnapshot, action_id: str, outcome: ActionOutcome |
         return True
     if action.resolution is not None and _same(action, outcome, verdict):
         return False  # identical re-delivery of a resolution already recorded
+    if action.resolution is not None:
+        raise ResolutionConflictError(
+            f"action {action_id} is {action.state}, not uncertain (already resolved by "
+            f"{action.resolution.get('actor')!r}); a second resolution is rejected",
+            node_id=action.node_id)
     raise ResolutionConflictError(
-        f"action {action_id} is {action.state}, not uncertain"
-        + (f" (already resolved by {action.resolution.get('actor')!r})"
-           if action.resolution else "") + "; a second resolution is rejected",
-        node_id=action.node_id)
+        f"action {action_id} is {action.state}, not uncertain: only an uncertain action "
+        "can be resolved"
+        + ("; a run looks a dispatching action up through its connector first"
+           if action.state == "dispatching" else ""), node_id=action.node_id)
 
 
 async def _superseded(store: DurableTaskStore, key: str, action_id: str,

@@ -184,6 +184,10 @@ class HttpActionConnector:
                 _log.info("dispatch of %s to %s failed (%s); retrying in %.2fs under the "
                           "same idempotency key", request.action_id, url, exc.code, delay)
                 await asyncio.sleep(delay)
+            except HttpConnectorError as exc:  # a final answer (a 4xx, an unreadable 2xx)
+                if reached is not None and not exc.may_have_taken_effect:
+                    _mark_reached(exc, reached)
+                raise
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def resolve_result(self, result_ref: str) -> ActionOutcome | Absent | Unknown:
@@ -438,6 +442,17 @@ def _parse_json(content: bytes) -> Any:
 
 def _fits_the_protocol(connector: HttpActionConnector) -> DurableActionConnector:
     return connector  # mypy --strict proves the fit; there is no runtime_checkable here
+
+
+def _mark_reached(exc: HttpConnectorError, reached: int) -> None:
+    """A later attempt's final refusal (a 4xx for the reused key, say) after attempt
+    ``reached`` lost its answer: the refusal proves nothing about that earlier attempt, so
+    the error keeps its type but says the request may have been applied."""
+    exc.may_have_taken_effect = True
+    exc.details = {**exc.details, "may_have_taken_effect": True, "applied_attempt": reached}
+    exc.args = (f"{exc.args[0]}; attempt {reached} may have been applied (its answer was "
+                "lost), so the server may have applied the request; the runtime reconciles "
+                "by looking the key up", *exc.args[1:])
 
 
 def _earlier_attempt_reached(last: HttpTransientError, method: str, reached: int,

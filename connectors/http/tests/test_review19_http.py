@@ -27,6 +27,7 @@ from agentium_graph import ActionOutcome, Unknown
 from agentium_graph_http import (
     HttpActionConnector,
     HttpConnectorError,
+    HttpRejectedError,
     HttpServerError,
     HttpTransientError,
 )
@@ -73,6 +74,25 @@ async def test_a_lost_receipt_then_a_429_still_may_have_taken_effect(
     assert "attempt 1 may have been applied" in str(error)
     assert "did not apply" not in str(error)
     assert isinstance(await connector.resolve_result(request.action_id), ActionOutcome)
+
+
+@pytest.mark.parametrize("status", [400, 422])
+async def test_a_lost_receipt_then_a_rejection_still_may_have_taken_effect(
+        server: IdempotentTestServer, connect: Connect, status: int) -> None:
+    # (review 37) A final 4xx on the retry kept may_have_taken_effect=False: "provably not
+    # applied", although the first attempt was. The error keeps its type (the request is
+    # refused) and says the earlier attempt may have been applied.
+    connector = connect(idempotent_destination=True, dispatch_attempts=2)
+    server.drop_response_after_accept(1)
+    server.on_accept = lambda key: server.fail_posts_before_accept(1, status=status)
+    request = make_request()
+    with pytest.raises(HttpRejectedError) as info:
+        await connector.dispatch(request)
+    error = info.value
+    assert server.accepted_for(request.action_id) == 1 and error.status == status
+    assert error.may_have_taken_effect and error.details["may_have_taken_effect"]
+    assert error.details["applied_attempt"] == 1
+    assert "attempt 1 may have been applied" in str(error)
 
 
 async def test_a_lost_receipt_then_a_connect_failure_still_may_have_taken_effect() -> None:
