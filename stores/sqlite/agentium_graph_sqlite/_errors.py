@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -106,6 +107,14 @@ def map_sqlite_error(exc: sqlite3.Error | sqlite3.Warning, path: Path, op: str) 
     if code in (_READONLY, _PERM, _CANTOPEN) and read_only_filesystem(path):
         return StoreError(f"{where}: {read_only_fs_message(path)}", details=details)
     if code in (_READONLY, _PERM):
+        stuck = _unwritable_side_files(path)
+        if stuck:
+            return StoreError(
+                f"{where}: its side file(s) {stuck} are read-only (SQLite gives them the "
+                "database file's mode when it creates them, e.g. a reader opened the file "
+                f"while it was read-only); make them writable (chmod u+w {' '.join(stuck)}), "
+                "or remove them while no process has the database open",
+                details={**details, "side_files": stuck})
         return StoreError(
             f"{where}: the database or its directory is read-only; make both writable "
             f"(e.g. chmod u+w {str(path)!r}) or use a writable copy", details=details)
@@ -233,6 +242,24 @@ def mapped_errors(path: Path, op: str) -> Iterator[None]:
             f"SQLite store {str(path)!r}: {op} was given an integer SQLite cannot store "
             f"({exc}); integers must fit in 64 bits (nothing was written)",
             details={"path": str(path), "op": op}) from exc
+
+
+def write_protected(path: str | Path) -> bool:
+    """Whether this process may not write the existing file ``path``, or its mode marks it
+    read-only (root passes ``access()`` even then)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not os.access(path, os.W_OK) or not mode & (stat.S_IWUSR | stat.S_IWGRP |
+                                                       stat.S_IWOTH)
+
+
+def _unwritable_side_files(path: Path) -> list[str]:
+    """The -wal and -shm files of ``path`` that exist and this process may not write."""
+    real = os.path.realpath(path)
+    return [side for side in (real + "-wal", real + "-shm")
+            if os.path.exists(side) and write_protected(side)]
 
 
 def busy_exhausted(last: BusyError, path: Path, op: str, attempts: int,

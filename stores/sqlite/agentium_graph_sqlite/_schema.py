@@ -22,7 +22,6 @@ import logging
 import os
 import shlex
 import sqlite3
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from agentium_graph_sqlite._errors import (
     mapped_errors,
     read_only_filesystem,
     read_only_fs_message,
+    write_protected,
 )
 
 SCHEMA_VERSION = 2  # 2: journal rows per commit, node slack (1 is migrated on open)
@@ -222,8 +222,11 @@ def open_read_only(settings: Settings) -> tuple[sqlite3.Connection, int]:
         # A reader of a WAL database needs its -shm file, which SQLite creates next to it
         # when no connection has: impossible on a read-only mount, or in a directory this
         # user may not write (an operator reading a service's database while it is idle).
-        no_shm = read_only_fs or (not shm.exists() and
-                                  not os.access(real.parent, os.W_OK | os.X_OK))
+        # Not wanted either for a file this user may not write: SQLite gives the -shm and
+        # -wal it creates the database file's mode, so reading a file left read-only would
+        # leave read-only side files that no writer can open once the file is writable again.
+        no_shm = read_only_fs or (not shm.exists() and (
+            not os.access(real.parent, os.W_OK | os.X_OK) or write_protected(real)))
         wal = _wal_with_commits(path) if no_shm else None
     query = "?mode=ro"
     if no_shm:
@@ -231,7 +234,9 @@ def open_read_only(settings: Settings) -> tuple[sqlite3.Connection, int]:
         # opened as immutable (read without the -shm), which a later writer's checkpoint
         # would invalidate: fine for a short read (the CLI), not for a long-lived reader.
         where = "it is on a read-only filesystem" if read_only_fs else \
-            f"its directory {str(real.parent)!r} is not writable by this user"
+            f"its directory {str(real.parent)!r} is not writable by this user" \
+            if not os.access(real.parent, os.W_OK | os.X_OK) else \
+            "the file is not writable by this user"
         if wal is not None:
             raise StoreError(
                 f"cannot open SQLite store {str(path)!r}: {where} and its write-ahead log "
@@ -302,9 +307,7 @@ def _check_filesystem(path: Path, *, writable: bool) -> None:
         raise StoreError(f"cannot open SQLite store {str(path)!r}: the file is not readable "
                          f"by this process; check its permissions (ls -l {str(path)!r})",
                          details=details)
-    # Mode bits as well as access(): root passes access() even on a file marked read-only.
-    if writable and (not os.access(path, os.W_OK) or not path.stat().st_mode & (
-            stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)):
+    if writable and write_protected(path):
         raise StoreError(
             f"cannot open SQLite store {str(path)!r}: the file is read-only; make it "
             f"writable (chmod u+w {str(path)!r}) or copy it to a writable location "

@@ -146,3 +146,39 @@ async def test_commits_only_in_the_log_of_such_a_directory_are_refused_clearly(
                                              "write-ahead log"):
             await store.list_tasks(ListTasksRequest())
     assert _names(copy) == ["tasks.db", "tasks.db-wal"]
+
+
+async def test_reading_a_write_protected_file_leaves_no_side_files(tmp_path: Path) -> None:
+    """(Review 38) SQLite gives the -shm and -wal it creates the database file's mode: a read
+    of a file marked read-only left read-only side files, and once the file was writable
+    again no writer (not root) could open them. Such a file is read without them, as on a
+    read-only mount."""
+    path = tmp_path / "tasks.db"
+    await _populate(path)
+    before = _digest(path)
+    path.chmod(0o444)
+    try:
+        async with SQLiteDurableTaskStore(path, read_only=True) as store:
+            assert (await store.get_task("k")) is not None
+    finally:
+        path.chmod(0o644)
+    assert _names(tmp_path) == ["tasks.db"] and _digest(path) == before
+    async with SQLiteDurableTaskStore(path) as store:  # writable again: writes work
+        await store.create_task(create_request("k2", ["n0"]))
+
+
+def test_a_write_refused_by_read_only_side_files_names_them(tmp_path: Path) -> None:
+    from agentium_graph_sqlite._errors import map_sqlite_error
+
+    path = tmp_path / "tasks.db"
+    path.write_bytes(b"")
+    shm = tmp_path / "tasks.db-shm"
+    shm.write_bytes(b"")
+    shm.chmod(0o444)
+    exc = sqlite3.OperationalError("attempt to write a readonly database")
+    exc.sqlite_errorcode = 8  # type: ignore[attr-defined]  # SQLITE_READONLY
+    exc.sqlite_errorname = "SQLITE_READONLY"  # type: ignore[attr-defined]
+    error = map_sqlite_error(exc, path, "commit")
+    assert error.details["side_files"] == [str(shm)]
+    assert "chmod u+w" in str(error) and str(shm) in str(error)
+    assert "or remove them while no process has the database open" in str(error)
