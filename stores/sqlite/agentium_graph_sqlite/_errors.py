@@ -39,6 +39,7 @@ from agentium_graph.errors import (
 # Primary result codes (the low byte of an extended code), from sqlite3.h.
 _BUSY, _LOCKED, _CORRUPT, _READONLY, _IOERR, _FULL, _CANTOPEN, _PERM, _NOTADB = (
     5, 6, 11, 8, 10, 13, 14, 3, 26)
+_IOERR_SHORT_READ = 522  # an extended code: SQLITE_IOERR | (2 << 8)
 
 
 class BusyError(StoreUnavailableError):
@@ -126,6 +127,13 @@ def map_sqlite_error(exc: sqlite3.Error | sqlite3.Warning, path: Path, op: str) 
         return StoreError(f"{where}: the disk is full; free space and run the task again "
                           "(nothing was acknowledged, the task stays recoverable)",
                           details=details)
+    if code == _IOERR and getattr(exc, "sqlite_errorcode", None) == _IOERR_SHORT_READ:
+        return StoreError(
+            f"{where}: a read of the database came up short: one of its files was truncated "
+            "or removed while in use (a -wal or -shm file deleted by hand, the file "
+            "replaced); stop every process that has it open and open it again (the task "
+            "stays recoverable); if that fails, restore the file from a backup",
+            details=details)
     if code == _IOERR:
         return StoreError(f"{where}: the operating system reported an I/O error; check the "
                           "disk, then run the task again (it stays recoverable)",

@@ -66,7 +66,7 @@ from agentium_graph.store._transitions import (
     request_cancel,
 )
 from agentium_graph_sqlite._errors import BadRecord, not_utf8_column
-from agentium_graph_sqlite._schema import check_not_upgraded
+from agentium_graph_sqlite._schema import check_not_upgraded, check_same_file
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -262,6 +262,7 @@ def write_txn(conn: sqlite3.Connection,
     conn.execute("BEGIN IMMEDIATE")
     try:
         check_not_upgraded(conn)
+        check_same_file(conn)
         writer = Writer(conn)
         result, wrote = body(writer)
         conn.execute("COMMIT" if wrote else "ROLLBACK")

@@ -197,8 +197,9 @@ def open_database(settings: Settings) -> sqlite3.Connection:
     with mapped_errors(path, "open"):
         conn = sqlite3.connect(str(path), timeout=settings.busy_timeout_s,
                                isolation_level=None, check_same_thread=False,
-                               cached_statements=256)
+                               cached_statements=256, factory=StoreConnection)
         try:
+            conn.path, conn.opened = path, file_identity(path)
             _prepare(conn, settings)
         except BaseException:
             conn.close()
@@ -473,6 +474,57 @@ def _prepare(conn: sqlite3.Connection, settings: Settings) -> None:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+class StoreConnection(sqlite3.Connection):
+    """The store's read-write connection, knowing which file it opened (``opened``: device
+    and inode), so a write can tell that its ``path`` no longer names that file."""
+
+    path: Path
+    opened: tuple[int, int] | None = None
+
+
+def file_identity(path: Path) -> tuple[int, int] | None:
+    """The device and inode the path names now, or None if it names nothing."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def check_same_file(conn: sqlite3.Connection) -> None:
+    """Raise :class:`StoreError` when the store's path no longer names the file its
+    connection opened: the file was moved, deleted or replaced (another database moved onto
+    the path) while it was open. SQLite would go on writing to the file it holds open,
+    which nobody can open any more, and acknowledge commits no later process sees. Called
+    under the write lock of every write transaction (one ``stat``)."""
+    if not isinstance(conn, StoreConnection) or conn.opened is None:
+        return
+    path = conn.path
+    if file_identity(path) != conn.opened:
+        raise StoreError(
+            f"SQLite store {str(path)!r}: the path no longer names the database file this "
+            "store opened (the file was moved, deleted or replaced while it was open); "
+            "nothing was written. Close this store and open the path again once it names "
+            "the task database (put the file back, or point the store at where it went)",
+            details={"path": str(path), "reason": "file_replaced"})
+
+
+def empty_wal_if_replaced(conn: sqlite3.Connection) -> None:
+    """Before the store's connection closes: if its path now names another file, copy the
+    write-ahead log into the file this connection opened and truncate it. The log stays
+    next to the path, and the next opener would apply it to the file found there now (and
+    damage it); an empty one is ignored. Never raises: the store is closing."""
+    if not isinstance(conn, StoreConnection) or conn.opened is None or \
+            file_identity(conn.path) == conn.opened:
+        return
+    log.error("SQLite store %s: the path no longer names the database file this store "
+              "opened (moved, deleted or replaced while open); its write-ahead log is "
+              "emptied into the file it opened so the file now at the path is not changed",
+              conn.path)
+    with contextlib.suppress(sqlite3.Error):
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
 
 def check_not_upgraded(conn: sqlite3.Connection) -> None:

@@ -49,6 +49,7 @@ from agentium_graph_sqlite._errors import BusyError, busy_exhausted, check_text,
 from agentium_graph_sqlite._schema import (
     SCHEMA_VERSION,
     Settings,
+    empty_wal_if_replaced,
     open_database,
     open_read_only,
 )
@@ -569,6 +570,7 @@ class SQLiteDurableTaskStore:
             conn, self._conn = self._conn, None
             self._kept.clear()
             if conn is not None:
+                empty_wal_if_replaced(conn)
                 with mapped_errors(self.path, "close"):
                     conn.close()
         finally:

@@ -31,6 +31,7 @@ from agentium_graph.store import (
 )
 from agentium_graph_sqlite import SQLiteDurableTaskStore
 from agentium_graph_sqlite._ops import Kept, _Task
+from agentium_graph_sqlite._schema import StoreConnection
 
 _HEADER_READ = "SELECT header FROM tasks WHERE key = ?"
 
@@ -44,7 +45,7 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every statement the stores opened in the test execute, in order."""
     seen: list[str] = []
 
-    class Recording(sqlite3.Connection):
+    class Recording(StoreConnection):  # what the store's own factory makes, and more
         def execute(self, sql: str, params: Any = (), /) -> Any:
             seen.append(sql)
             return super().execute(sql, params)
@@ -55,7 +56,7 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     real_connect: Any = sqlite3.connect
     monkeypatch.setattr("agentium_graph_sqlite._schema.sqlite3.connect",
-                        lambda *a, **k: real_connect(*a, factory=Recording, **k))
+                        lambda *a, **k: real_connect(*a, **{**k, "factory": Recording}))
     return seen
 
 
@@ -242,7 +243,7 @@ async def test_a_commit_that_failed_after_writing_is_forgotten(
         db_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str) -> None:
     fail = {"on": False}
 
-    class Failing(sqlite3.Connection):
+    class Failing(StoreConnection):
         def execute(self, sql: str, params: Any = (), /) -> Any:
             if fail["on"] and sql.startswith(failing):
                 fail["on"] = False
@@ -251,7 +252,7 @@ async def test_a_commit_that_failed_after_writing_is_forgotten(
 
     real_connect: Any = sqlite3.connect
     monkeypatch.setattr("agentium_graph_sqlite._schema.sqlite3.connect",
-                        lambda *a, **k: real_connect(*a, factory=Failing, **k))
+                        lambda *a, **k: real_connect(*a, **{**k, "factory": Failing}))
     async with SQLiteDurableTaskStore(db_path) as store:
         await store.create_task(create_request("k", ["a", "b"]))
         await store.acquire_lease(acquire_request("k"))

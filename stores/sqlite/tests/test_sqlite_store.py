@@ -38,7 +38,7 @@ from agentium_graph.store import (
     TimelineRequest,
 )
 from agentium_graph_sqlite import SQLiteDurableTaskStore
-from agentium_graph_sqlite._schema import Settings, open_database
+from agentium_graph_sqlite._schema import Settings, StoreConnection, open_database
 
 
 def _blob(text: str) -> tuple[str, str]:
@@ -342,7 +342,7 @@ async def test_sqlite_calls_never_run_on_the_event_loop_thread(
     loop_thread = threading.get_ident()
     offending: list[str] = []
 
-    class Checked(sqlite3.Connection):
+    class Checked(StoreConnection):
         def execute(self, *args: Any) -> Any:
             if threading.get_ident() == loop_thread:
                 offending.append(str(args[0]))
@@ -358,7 +358,7 @@ async def test_sqlite_calls_never_run_on_the_event_loop_thread(
     def connect(*args: Any, **kwargs: Any) -> Any:
         if threading.get_ident() == loop_thread:
             offending.append("connect")
-        return real_connect(*args, factory=Checked, **kwargs)
+        return real_connect(*args, **{**kwargs, "factory": Checked})
 
     monkeypatch.setattr("agentium_graph_sqlite._schema.sqlite3.connect", connect)
     async with SQLiteDurableTaskStore(db_path) as store:
@@ -440,7 +440,7 @@ async def test_a_commit_reads_only_the_rows_its_steps_need(
         db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     statements: list[tuple[str, tuple[Any, ...]]] = []
 
-    class Recording(sqlite3.Connection):
+    class Recording(StoreConnection):
         def execute(self, sql: str, params: Any = (), /) -> Any:
             statements.append((sql, tuple(params)))
             return super().execute(sql, params)
@@ -451,7 +451,7 @@ async def test_a_commit_reads_only_the_rows_its_steps_need(
 
     real_connect: Any = sqlite3.connect
     monkeypatch.setattr("agentium_graph_sqlite._schema.sqlite3.connect",
-                        lambda *a, **k: real_connect(*a, factory=Recording, **k))
+                        lambda *a, **k: real_connect(*a, **{**k, "factory": Recording}))
     def writes() -> list[str]:
         return [sql.split(" (")[0] for sql, _ in statements
                 if sql.startswith(("INSERT", "UPDATE"))]
