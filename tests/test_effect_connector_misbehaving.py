@@ -90,35 +90,63 @@ def test_a_connector_id_and_version_must_be_non_empty_strings(attr: str, value: 
         ToolBinding(id="pay", version="1", connector=conn, destination="payments")
 
 
-OTHER_ACTION = "act_0123456789abcdef01234567"  # an id of the form the runtime derives
 
-
-class AnswersForAnotherAction(FakeConnector):
-    """Returns an outcome naming another action's id: a connector that mixed up its keys
-    (a cache keyed wrongly, a lookup by the wrong column)."""
+class AnswersForTheFirstAction(FakeConnector):
+    """Answers every action after the first with the first one's outcome: a connector that
+    mixed up its keys (a cache keyed wrongly, a lookup by the wrong column)."""
 
     async def dispatch(self, request: ActionRequest) -> ActionOutcome:
-        if self.dispatch_mode != "other":
+        first = self.dispatched[0].action_id if self.dispatched else None
+        if first is None or self.dispatch_mode != "other":
             return await super().dispatch(request)
         self.dispatched.append(request)
-        return ActionOutcome(output={"charge_id": "ch_9", "amount": 1}, result_ref=OTHER_ACTION)
+        return ActionOutcome(output=self.dest.accepted[first], result_ref=first)
 
     async def resolve_result(self, result_ref: str) -> Any:
         self.resolved.append(result_ref)
-        return ActionOutcome(output={"charge_id": "ch_9", "amount": 1}, result_ref=OTHER_ACTION)
+        first = self.dispatched[0].action_id
+        return ActionOutcome(output=self.dest.accepted[first], result_ref=first)
+
+
+TWO_CHARGES = {"schemaVersion": 1, "revision": 1, "nodes": [
+    {"id": "charge", "binding": "pay", "version": "1", "args": {"amount": 500}},
+    {"id": "again", "binding": "pay", "version": "1", "args": {"amount": 7},
+     "dependsOn": ["charge"]}]}
 
 
 @pytest.mark.parametrize("mode", ["other", "raise_after_accept"], ids=["dispatch", "lookup"])
 async def test_an_outcome_naming_another_action_is_not_this_ones_receipt(mode: str) -> None:
-    # (review 37) Another action's outcome completed the node with its output; a handle of
-    # the connector's own (the destination's id) is still fine: see test_review22_consumer.
-    conn = AnswersForAnotherAction(Destination(), dispatch_mode=mode)
+    # (review 37) Another action's outcome completed the node with its output. A handle of
+    # the destination's own is still fine, even one shaped like an action id (review 42):
+    # see test_review22_consumer and the test below.
+    conn = AnswersForTheFirstAction(Destination(), dispatch_mode=mode)
     rt = ExecutionGraphRuntime(catalog=pay_catalog(conn), store=CountingStore(),
                                lookup_timeout=0.2, lookup_attempts=1)
-    await rt.create("p", program(PLAN))
+    await rt.create("p", program(TWO_CHARGES))
     with pytest.raises(DurableRecoveryRequiredError):
         await rt.run("p")
+    view = await rt.inspect("p")
+    first, second = (view.actions[0], view.actions[1]) if \
+        view.actions[0].node_id == "charge" else (view.actions[1], view.actions[0])
+    assert first.state == "confirmed" and second.state == "uncertain"
+    assert first.action_id in (second.reason or "")
+    assert "answers for another action" in (second.reason or "")
+    assert view.nodes["again"].output is None and len(conn.dispatched) == 2
+
+
+class OwnIdShapedLikeAnActionId(FakeConnector):
+    """A destination that is itself an agentium-graph service answers with its own id."""
+
+    async def dispatch(self, request: ActionRequest) -> ActionOutcome:
+        outcome = await super().dispatch(request)
+        return ActionOutcome(output=outcome.output, result_ref="act_0123456789abcdef01234567")
+
+
+async def test_a_destination_handle_shaped_like_an_action_id_is_kept() -> None:
+    conn = OwnIdShapedLikeAnActionId(Destination())
+    rt = ExecutionGraphRuntime(catalog=pay_catalog(conn), store=CountingStore())
+    await rt.create("p", program(PLAN))
+    assert (await rt.run("p")).output["charge"]["amount"] == 500
     [action] = (await rt.inspect("p")).actions
-    assert action.state == "uncertain" and OTHER_ACTION in (action.reason or "")
-    assert "answers for another action" in (action.reason or "")
-    assert len(conn.dispatched) == 1 and (await rt.inspect("p")).nodes["charge"].output is None
+    assert action.state == "confirmed"
+    assert action.result_ref_returned == "act_0123456789abcdef01234567"

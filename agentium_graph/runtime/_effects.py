@@ -31,7 +31,6 @@ import functools
 import json
 import logging
 import random
-import re
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -254,21 +253,17 @@ async def _lookup(run: TaskRun, connector: Any, action: ActionRecord,
     return await reconcile(run, connector, action)
 
 
-# An action id as derive_id makes it: an outcome whose result_ref has this form but is not
-# the action's own answers for another action.
-_ACTION_ID = re.compile(r"act_[0-9a-f]{24}")
-
-
 def receipt(run: TaskRun, node: NodeSpec, action: ActionRecord, result: ActionOutcome,
             *, source: str) -> Outcome:
     returned = result.result_ref
-    if returned != action.result_ref and _ACTION_ID.fullmatch(returned):
+    if returned != action.result_ref and returned in run.actions:
         # A connector may return a handle of its own (the destination's id for the
-        # result), but not another action's id: that outcome is evidence about a different
-        # action, and taking it as this one's receipt would complete the node with it.
+        # result), but not another action of this task: that outcome is evidence about a
+        # different action, and taking it as this one's receipt would complete the node
+        # with another action's output.
         return uncertain(run, action, f"the connector's {source} outcome names action "
-                         f"{returned}, not {action.result_ref}: it answers for another "
-                         "action; check the destination, then resolve this action")
+                         f"{returned} of this task, not {action.result_ref}: it answers for "
+                         "another action; check the destination, then resolve this action")
     checked = check_output(node.id, node.binding, result.output, run.max_blob_bytes)
     if checked.state != "completed":
         # The destination acted but its answer is unusable: never re-dispatch; say so.

@@ -66,7 +66,12 @@ from agentium_graph.store._transitions import (
     request_cancel,
 )
 from agentium_graph_sqlite._errors import BadRecord, not_utf8_column
-from agentium_graph_sqlite._schema import check_not_upgraded, check_same_file
+from agentium_graph_sqlite._schema import (
+    FileReplacedError,
+    check_not_upgraded,
+    check_same_file,
+    empty_wal_if_replaced,
+)
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -266,6 +271,10 @@ def write_txn(conn: sqlite3.Connection,
         writer = Writer(conn)
         result, wrote = body(writer)
         conn.execute("COMMIT" if wrote else "ROLLBACK")
+    except FileReplacedError:
+        _rollback(conn)
+        empty_wal_if_replaced(conn)  # now, not at close: anyone may open the path meanwhile
+        raise
     except BaseException:
         _rollback(conn)
         raise

@@ -482,6 +482,7 @@ class StoreConnection(sqlite3.Connection):
 
     path: Path
     opened: tuple[int, int] | None = None
+    emptied = False  # its log was emptied after the path was found naming another file
 
 
 def file_identity(path: Path) -> tuple[int, int] | None:
@@ -491,6 +492,10 @@ def file_identity(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
+
+
+class FileReplacedError(StoreError):
+    """The store's path no longer names the database file its connection opened."""
 
 
 def check_same_file(conn: sqlite3.Connection) -> None:
@@ -503,7 +508,7 @@ def check_same_file(conn: sqlite3.Connection) -> None:
         return
     path = conn.path
     if file_identity(path) != conn.opened:
-        raise StoreError(
+        raise FileReplacedError(
             f"SQLite store {str(path)!r}: the path no longer names the database file this "
             "store opened (the file was moved, deleted or replaced while it was open); "
             "nothing was written. Close this store and open the path again once it names "
@@ -512,17 +517,21 @@ def check_same_file(conn: sqlite3.Connection) -> None:
 
 
 def empty_wal_if_replaced(conn: sqlite3.Connection) -> None:
-    """Before the store's connection closes: if its path now names another file, copy the
-    write-ahead log into the file this connection opened and truncate it. The log stays
-    next to the path, and the next opener would apply it to the file found there now (and
-    damage it); an empty one is ignored. Never raises: the store is closing."""
+    """If the store's path now names another file (found by a refused write, or at close):
+    copy the write-ahead log into the file this connection opened and truncate it. The log
+    stays next to the path, and whoever opens the path next would apply it to the file
+    found there now (and damage it); an empty one is ignored. Only a process that opens the
+    path between the replacement and this store's next write or close can still meet the
+    log. Never raises."""
     if not isinstance(conn, StoreConnection) or conn.opened is None or \
             file_identity(conn.path) == conn.opened:
         return
-    log.error("SQLite store %s: the path no longer names the database file this store "
-              "opened (moved, deleted or replaced while open); its write-ahead log is "
-              "emptied into the file it opened so the file now at the path is not changed",
-              conn.path)
+    if not conn.emptied:
+        conn.emptied = True
+        log.error("SQLite store %s: the path no longer names the database file this "
+                  "store opened (moved, deleted or replaced while open); its write-ahead "
+                  "log is emptied into the file it opened so the file now at the path is "
+                  "not changed", conn.path)
     with contextlib.suppress(sqlite3.Error):
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 

@@ -45,6 +45,13 @@ async def test_a_database_moved_onto_the_path_is_neither_written_nor_damaged(
             await store.create_task(create_request("t2", ["n0"]))
         assert info.value.details["reason"] == "file_replaced"
         assert "nothing was written" in str(info.value)
+        # (review 42) The other application opens its file while the store is still open:
+        # the store's log was emptied at the refused write, so it is not applied to it.
+        mine = sqlite3.connect(path)
+        try:
+            assert mine.execute("SELECT * FROM invoices").fetchall() == [(1, 100)]
+        finally:
+            mine.close()
     assert _digest(path) == theirs  # closing did not touch the file now at the path
     wal = tmp_path / "tasks.db-wal"
     assert not wal.exists() or wal.stat().st_size == 0  # the old log cannot be applied
