@@ -520,5 +520,29 @@ async def test_a_providers_own_timeout_error_is_reported_as_it_is() -> None:
     await rt.create("k", prog())
     with pytest.raises(NodeFailedError) as info:
         await rt.run("k")
-    assert info.value.cause is not None and info.value.cause.code == "tool_error"
-    assert "the transport gave up" in info.value.cause.message
+    # A provider failure (review 41: it was reported as a tool's, code tool_error), not the
+    # runtime's limit.
+    assert info.value.cause is not None and info.value.cause.code == "provider_error"
+    assert "model provider raised TimeoutError: the transport gave up" in \
+        info.value.cause.message
+    assert "effect_timeout" not in info.value.cause.message
+
+
+class Raises(Slow):
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        raise ConnectionError("upstream 503")
+
+
+async def test_a_raising_provider_is_a_provider_error_naming_the_node() -> None:
+    # (review 41) A provider's exception was reported as a tool's (code tool_error), with
+    # no word on what to do.
+    rt = ExecutionGraphRuntime(catalog=noop_catalog(Raises()))
+    await rt.create("k", prog())
+    with pytest.raises(NodeFailedError) as info:
+        await rt.run("k")
+    cause = info.value.cause
+    assert cause is not None and cause.code == "provider_error"
+    assert "model provider raised ConnectionError: upstream 503" in cause.message
+    assert "retry transient errors" in cause.message
+    assert cause.details["exception_type"] == "ConnectionError"
+    assert (await rt.inspect("k")).verified

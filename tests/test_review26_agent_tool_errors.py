@@ -120,6 +120,21 @@ async def test_one_more_wrong_call_than_allowed_fails_the_node() -> None:
     with pytest.raises(NodeFailedError) as info:
         await runtime.run("k")
     assert "'multiply'" in str(info.value) and CALLS == []
+    # (review 41) It read as if the first wrong call had failed the node: the message and
+    # details say which refused call it was and the allowance it went past.
+    assert "refused call 2 of this node, past its max_tool_errors=1" in str(info.value)
+    assert info.value.cause is not None
+    assert (info.value.cause.details["refused"], info.value.cause.details["max_tool_errors"]) \
+        == (2, 1)
+    assert "refused call" not in str(await _first_wrong_call_fails())
+
+
+async def _first_wrong_call_fails() -> NodeFailedError:
+    runtime = ExecutionGraphRuntime(catalog=_catalog(_script(BAD_ARGS), 0))
+    await runtime.create("k", PROGRAM)
+    with pytest.raises(NodeFailedError) as info:
+        await runtime.run("k")
+    return info.value
 
 
 @pytest.mark.parametrize("value", [-1, 257, True, 1.0, "2"])

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from agentium_graph._canonical import admission_id, canonical_json, digest_text
 from agentium_graph.catalog._bindings import AgentBinding, ToolBinding
 from agentium_graph.errors import (
+    AgentiumGraphError,
     BudgetExhaustedError,
     DescriptorMismatchError,
     ErrorInfo,
@@ -53,7 +54,11 @@ from agentium_graph.providers import (
     assemble_stream,
     check_response,
 )
-from agentium_graph.providers._errors import ProviderTimeoutError, ResponseTooLargeError
+from agentium_graph.providers._errors import (
+    ProviderError,
+    ProviderTimeoutError,
+    ResponseTooLargeError,
+)
 from agentium_graph.providers._protocol import (
     MAX_TOKENS,
     call_complete,
@@ -208,7 +213,7 @@ async def _loop(run: TaskRun, spec: NodeSpec, args: dict[str, Any]) -> Outcome:
                 _refusal(run, spec, tools, call)
             if refused is not None:
                 if allowed == agent.max_tool_errors:
-                    raise refused
+                    raise _past_allowance(refused, agent.max_tool_errors)
                 allowed += 1
         for call, key in calls:
             try:
@@ -507,10 +512,24 @@ async def _invoke_provider(caller: ModelCaller, request: ModelRequest,
     and given :data:`_abandon.GRACE` seconds to end; a provider that swallows the
     cancellation is then abandoned (logged), so it cannot hold the node, and the task,
     running forever. ``started`` is given that task (its permit lasts as long)."""
-    # The provider's own errors (its transport's TimeoutError too) as they are.
-    response = await _abandon.call(_provider_call(caller, request), caller.timeout,
-                                   _who(caller, provider=True),
-                                   name=f"model-call:{caller.incarnation}", started=started)
+    # The provider's own errors (its transport's TimeoutError too): as they are for the
+    # planner (whose failure names them), typed for an agent node.
+    try:
+        response = await _abandon.call(_provider_call(caller, request), caller.timeout,
+                                       _who(caller, provider=True),
+                                       name=f"model-call:{caller.incarnation}",
+                                       started=started)
+    except AgentiumGraphError:
+        raise
+    except Exception as exc:
+        if caller.node_id is None:
+            raise
+        raise ProviderError(
+            f"{_who(caller)}: its model provider raised {type(exc).__name__}: "
+            f"{exception_text(exc)}; the node failed (failed work stays failed, its "
+            "reservation stays charged): let the provider retry transient errors itself "
+            "(its client's retries), or fix it", node_id=caller.node_id,
+            details={"exception_type": type(exc).__qualname__}) from exc
     if response is None:
         raise ProviderTimeoutError(
             f"the model call {'stream' if caller.stream else 'request'} of "
@@ -563,6 +582,18 @@ async def _tool_call(run: TaskRun, spec: NodeSpec, tools: dict[str, ToolBinding]
                                   name=f"effect:{run.key}:{spec.id}:{key}", node_id=spec.id)
     return await _journal(run, spec, tool, call, key,
                           await _pure_call(run, spec, tool, call, key))
+
+
+def _past_allowance(refused: NodeFailedError, allowance: int) -> NodeFailedError:
+    """The refusal that fails the node: the first wrong call by default, else the one past
+    ``max_tool_errors``, which the message then names (it is not the first)."""
+    if allowance == 0:
+        return refused
+    return _CallRefused(f"{refused}; that is refused call {allowance + 1} of this node, past "
+                        f"its max_tool_errors={allowance} (raise it to let the model correct "
+                        "more calls)", node_id=refused.node_id,
+                        details={**refused.details, "refused": allowance + 1,
+                                 "max_tool_errors": allowance})
 
 
 def _refusal(run: TaskRun, spec: NodeSpec, tools: dict[str, ToolBinding],
