@@ -42,7 +42,7 @@ async def invoke_tool(run: TaskRun, node: NodeSpec, args: dict[str, Any],
             if node.is_async:
                 result = await fn(args)
             elif binding.run_in_thread:
-                result = await _in_a_thread(fn, args)
+                result = await _in_a_thread(fn, args, ctx)
                 if type(result) is _Raised:
                     raise result.error
             else:
@@ -91,15 +91,20 @@ class _Raised:
         self.error = error
 
 
-async def _in_a_thread(fn: Callable[[dict[str, Any]], Any], args: dict[str, Any]) -> Any:
+async def _in_a_thread(fn: Callable[[dict[str, Any]], Any], args: dict[str, Any],
+                      ctx: ToolContext) -> Any:
     """``fn(args)`` in a worker thread (with this context, as ``asyncio.to_thread``), but a
     cancellation does not end the wait while the thread goes on: no thread can be stopped,
     so the node's task, and the root permit bound to it, last until the tool really ends.
     The run gives a canceled node its grace period and then abandons it, as for an async
-    tool that ignores its cancellation; the CancelledError is raised when the thread ends."""
+    tool that ignores its cancellation; the CancelledError is raised when the thread ends.
+
+    The thread comes from the loop's default executor, which every task of the process
+    shares: a node stopped (canceled, past its deadline) while it waited there for a thread
+    never calls the tool."""
     loop = asyncio.get_running_loop()
     work = loop.run_in_executor(None, functools.partial(
-        contextvars.copy_context().run, _in_thread, fn, args))
+        contextvars.copy_context().run, _in_thread, fn, args, ctx))
     try:
         return await asyncio.shield(work)
     except asyncio.CancelledError:
@@ -111,7 +116,9 @@ async def _in_a_thread(fn: Callable[[dict[str, Any]], Any], args: dict[str, Any]
         raise
 
 
-def _in_thread(fn: Callable[[dict[str, Any]], Any], args: dict[str, Any]) -> Any:
+def _in_thread(fn: Callable[[dict[str, Any]], Any], args: dict[str, Any],
+               ctx: ToolContext) -> Any:
+    ctx.raise_if_cancelled()  # stopped while it queued for a thread: the tool never starts
     try:
         return fn(args)
     except StopIteration as exc:
