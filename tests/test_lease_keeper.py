@@ -142,3 +142,35 @@ async def test_a_node_launched_as_the_lease_is_lost_never_starts() -> None:
     view = await rt.inspect("k")
     assert view.nodes["a"].state == "completed"
     assert view.nodes["b"].state == "running"  # its start is journaled: a new run reconciles
+
+
+class SlowRenewals(InMemoryDurableTaskStore):
+    """Answers each renewal after ``delay`` seconds, as an overloaded store does."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    async def renew_lease(self, request: RenewLeaseRequest) -> LeaseStatus:
+        await asyncio.sleep(self.delay)
+        return await super().renew_lease(request)
+
+
+async def test_a_renewal_slower_than_half_the_ttl_is_warned_about(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # (review 43) Renewals that answer late let the lease expire and another worker take
+    # the task over; nothing said so until it happened.
+    async def wait(args: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(0.7)
+        return {}
+
+    catalog = HostCatalog([ToolBinding(id="wait", version="1", execute=wait, recovery="pure")])
+    rt = ExecutionGraphRuntime(catalog=catalog, store=SlowRenewals(0.3), lease_ttl=0.5,
+                               poll_interval=0.05)
+    await rt.create("k", ExecutionGraphProgram(id="p", version="1", plan={
+        "schemaVersion": 1, "revision": 1, "nodes": [
+            {"id": "a", "binding": "wait", "version": "1", "args": {}}]}))
+    with caplog.at_level("WARNING", logger="agentium_graph.runtime"):
+        await asyncio.wait_for(rt.run("k"), 30)
+    slow = [r.getMessage() for r in caplog.records if "lease renewal took" in r.getMessage()]
+    assert slow and "of the 0.5 s lease TTL" in slow[0] and "raise lease_ttl" in slow[0]

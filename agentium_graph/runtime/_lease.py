@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from agentium_graph.errors import AgentiumGraphError, StaleFenceError, StoreError
@@ -32,10 +33,12 @@ async def keep_lease(run: TaskRun) -> None:
         await asyncio.sleep(interval)
         if run.pending_acquire is not None:
             continue  # the lease is taken by the first commit, not yet made
+        asked = time.monotonic()
         try:
             status = await run.store.renew_lease(RenewLeaseRequest(
                 key=run.key, worker_id=run.worker_id, fence=run.fence,
                 ttl_seconds=run.rt.lease_ttl, now=run.clock()))
+            _slow(run, time.monotonic() - asked)
         except StaleFenceError as exc:
             log.warning("task %s: lease lost (%s); stopping this run", run.key, exc)
             _lost(run, exc, exc)
@@ -51,6 +54,18 @@ async def keep_lease(run: TaskRun) -> None:
             run.request_cancel(status.cancel.reason)
         elif run.header.deadline is not None and run.clock() >= run.header.deadline:
             run.wake.set()  # past it on our clock, sooner than the loop's wait said
+
+
+def _slow(run: TaskRun, took: float) -> None:
+    """Warn when a renewal took more than half the lease TTL: a little slower and the lease
+    expires before it is renewed, and another worker may take the task over."""
+    ttl = run.rt.lease_ttl
+    if took > ttl / 2:
+        log.warning("task %s: a lease renewal took %.2f s of the %g s lease TTL; another "
+                    "worker may take the task over if renewals get slower (the store is slow "
+                    "to answer: overloaded, or threads of CPU-bound sync tools hold the GIL "
+                    "its calls need); raise lease_ttl, or run CPU-heavy work in a process "
+                    "pool", run.key, took, ttl)
 
 
 def _lost(run: TaskRun, exc: BaseException, error: AgentiumGraphError) -> None:

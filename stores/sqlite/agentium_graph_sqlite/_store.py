@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
@@ -109,21 +110,29 @@ class _Worker:
     """
 
     def __init__(self, name: str) -> None:
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job | _Wake | None] = queue.SimpleQueue()
+        self._urgent: collections.deque[_Job] = collections.deque()
         self._stopping = False
-        # The thread holds only the queue, never this object: a store dropped without
+        # The thread holds only the queues, never this object: a store dropped without
         # close() is collected, and its finalizer ends the thread.
-        self._thread = threading.Thread(target=_serve, args=(self._jobs,), name=name,
-                                        daemon=True)
+        self._thread = threading.Thread(target=_serve, args=(self._jobs, self._urgent),
+                                        name=name, daemon=True)
         self._thread.start()
         weakref.finalize(self, self._jobs.put, None)
 
-    def submit(self, call: Callable[[], T]) -> asyncio.Future[T]:
+    def submit(self, call: Callable[[], T], *, urgent: bool = False) -> asyncio.Future[T]:
+        """Queue ``call``; ``urgent`` (a lease renewal) runs before every job queued but not
+        started: a renewal stuck behind a backlog of commits (many tasks at once, threads
+        of CPU-bound tools holding the GIL) could otherwise answer after the lease expired."""
         if self._stopping:
             raise RuntimeError("worker stopped")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._jobs.put((call, loop, future))
+        if urgent:
+            self._urgent.append((call, loop, future))
+            self._jobs.put(_WAKE)  # a worker blocked on the queue takes it at once
+        else:
+            self._jobs.put((call, loop, future))
         return future
 
     def stop(self) -> None:
@@ -133,22 +142,39 @@ class _Worker:
 
 
 
-def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
-    """The worker thread: run queued calls in order until the stop signal (None)."""
+class _Wake:
+    """Put on the queue beside an urgent job: it wakes the worker, which runs urgent jobs
+    first, and is then skipped."""
+
+
+_WAKE = _Wake()
+
+
+def _serve(jobs: queue.SimpleQueue[_Job | _Wake | None],
+           urgent: collections.deque[_Job]) -> None:
+    """The worker thread: run queued calls in order until the stop signal (None), urgent
+    ones before whatever is queued when they arrive."""
     while True:
-        job = jobs.get()
-        if job is None:
+        item = jobs.get()
+        while urgent:
+            _run(urgent.popleft())
+        if item is None:
             return
-        call, loop, future = job
-        result: Any = None
-        error: BaseException | None = None
-        try:
-            result = call()
-        except BaseException as exc:  # delivered to the awaiting coroutine
-            error = exc
-        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting
-            loop.call_soon_threadsafe(_settle, future, result, error)
-        del job, call, future, result, error
+        if not isinstance(item, _Wake):
+            _run(item)
+        del item
+
+
+def _run(job: _Job) -> None:
+    call, loop, future = job
+    result: Any = None
+    error: BaseException | None = None
+    try:
+        result = call()
+    except BaseException as exc:  # delivered to the awaiting coroutine
+        error = exc
+    with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting
+        loop.call_soon_threadsafe(_settle, future, result, error)
 
 
 def _fspath(path: object) -> str | bytes:
@@ -369,10 +395,10 @@ class SQLiteDurableTaskStore:
                 self._pid = os.getpid()
             return self._executor
 
-    async def _on_worker(self, call: Callable[[], T]) -> T:
+    async def _on_worker(self, call: Callable[[], T], urgent: bool = False) -> T:
         executor = self._worker()
         try:
-            future = executor.submit(call)
+            future = executor.submit(call, urgent=urgent)
         except RuntimeError:  # close() stopped the worker meanwhile
             raise self._closed_error() from None
         return await future
@@ -392,12 +418,13 @@ class SQLiteDurableTaskStore:
         with mapped_errors(self.path, op):
             return fn(self._connection())
 
-    async def _submit(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+    async def _submit(self, op: str, fn: Callable[[sqlite3.Connection], T],
+                      urgent: bool = False) -> T:
         """Run ``fn`` on the worker thread, retrying only SQLITE_BUSY/LOCKED (bounded)."""
         call = functools.partial(self._call, op, fn)
         try:
             # Fast path: no retry machinery unless the database is actually locked.
-            return await self._on_worker(call)
+            return await self._on_worker(call, urgent)
         except BusyError as exc:
             failed = exc
         retrying = AsyncRetrying(
@@ -410,20 +437,20 @@ class SQLiteDurableTaskStore:
                     if attempt.retry_state.attempt_number == 1:
                         raise failed  # the fast path's attempt: back off (jittered), retry
                     self._bump(busy_retries=1)
-                    return await self._on_worker(call)
+                    return await self._on_worker(call, urgent)
         except BusyError as exc:
             raise busy_exhausted(exc, self.path, op, self._busy_retries + 1,
                                  self._settings.busy_timeout_s) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
 
-    async def _write(self, op: str,
-                     fn: Callable[[sqlite3.Connection], _ops.Outcome[T]]) -> T:
+    async def _write(self, op: str, fn: Callable[[sqlite3.Connection], _ops.Outcome[T]],
+                     urgent: bool = False) -> T:
         if self._settings.read_only:
             raise StoreError(
                 f"SQLite store {str(self.path)!r}: {op} writes, but this store was opened "
                 "read-only (read_only=True); open it without read_only to change tasks "
                 "(nothing was written)", details={"path": str(self.path), "op": op})
-        outcome = await self._submit(op, fn)
+        outcome = await self._submit(op, fn, urgent)
         if outcome.wrote:
             self._bump(commits=1, bytes_written=outcome.bytes)
         return outcome.result
@@ -500,7 +527,8 @@ class SQLiteDurableTaskStore:
 
     async def renew_lease(self, request: RenewLeaseRequest) -> LeaseStatus:
         self._text("renew_lease", key=request.key, worker_id=request.worker_id)
-        return await self._write("renew_lease", self._op(_ops.renew, request))
+        # Ahead of queued commits: the lease must not expire in the queue.
+        return await self._write("renew_lease", self._op(_ops.renew, request), urgent=True)
 
     async def release_lease(self, request: ReleaseLeaseRequest) -> TaskHeader:
         self._text("release_lease", key=request.key, worker_id=request.worker_id)

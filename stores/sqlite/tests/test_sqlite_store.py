@@ -522,3 +522,25 @@ async def test_node_rows_keep_one_size_while_their_records_grow(db_path: Path) -
     record, slack = settled["n0"]
     assert record > created["n0"][0] and record + slack == NODE_SLOT
     assert settled["n1"][0] > NODE_SLOT and settled["n1"][1] == 0
+
+
+async def test_a_lease_renewal_runs_before_the_commits_queued_ahead_of_it() -> None:
+    # (review 43) Forty tasks with CPU-bound sync tools queued so many commits on the
+    # store's one thread that renewals answered after a 1.5 s lease had expired, and
+    # another worker took the tasks over. An urgent job runs before every queued one.
+    import threading
+
+    from agentium_graph_sqlite._store import _Worker
+
+    worker = _Worker("test-urgent")
+    gate = threading.Event()
+    order: list[str] = []
+    try:
+        first = worker.submit(lambda: gate.wait(10))  # holds the thread
+        queued = [worker.submit(lambda i=i: order.append(f"commit-{i}")) for i in range(3)]
+        renewal = worker.submit(lambda: order.append("renewal"), urgent=True)
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(first, renewal, *queued), 10)
+        assert order == ["renewal", "commit-0", "commit-1", "commit-2"]
+    finally:
+        worker.stop()
