@@ -14,6 +14,7 @@ from agentium_graph.store._records import (
     TaskHeader,
     TaskIdentity,
     TaskSnapshot,
+    missing_persisted,
     stored_header_json,
 )
 from agentium_graph.store._requests import (
@@ -73,6 +74,7 @@ __all__ = [
     "SettleNode",
     "StartAttempt", "Step", "StoreCapabilities", "TaskHeader", "TaskIdentity",
     "TaskSnapshot", "TimelineRequest", "acquire_lease", "acquire_with_steps", "apply_commit",
-    "check_fence", "creation_entry", "identity_conflict", "lease_expiry", "needs",
+    "check_fence", "creation_entry", "identity_conflict", "lease_expiry", "missing_persisted",
+    "needs",
     "release_lease", "renew_lease", "request_cancel", "stored_header_json",
 ]

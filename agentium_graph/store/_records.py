@@ -149,6 +149,41 @@ class TaskIdentity(_Record):
 _IDENTITY_DIGESTS: dict[int, tuple[weakref.ref[TaskIdentity], str]] = {}
 
 
+
+# Fields every store writes with each record, which parsing would otherwise fill in with a
+# default: a header without ``status`` read as pending (a completed task ran again), one
+# without ``fence`` as 0 (a used fence granted again), a node without ``state`` as pending
+# (a completed node ran again), a counter removed as 0 (a budget counting from zero).
+# Written since the first release, so a stored record lacking one is damage, never an
+# older format.
+_PERSISTED: dict[type[BaseModel], frozenset[str]] = {
+    TaskHeader: frozenset({"status", "seq", "fence", "lease", "cancel", "deadline", "revision",
+                           "journal_seq", "error"}),
+    NodeRecord: frozenset({"parent", "deps", "state", "attempts", "input_digest",
+                           "output_digest", "error"}),
+    ActionRecord: frozenset({"dispatches", "outcome_digest", "outcome_source", "reason",
+                             "resolution"}),
+}
+
+
+def missing_persisted(rec: BaseModel) -> str | None:
+    """The first field (or ``counters.<name>``) that ``rec``, parsed from a store, lacks
+    though every store writes it; None when nothing is missing. (A limit left out is no
+    limit, as at create: ``limits`` may name only some counters.)"""
+    fields = _PERSISTED.get(type(rec))
+    if fields is None:
+        return None
+    gone = fields - rec.model_fields_set
+    if gone:
+        return min(gone)
+    if isinstance(rec, TaskHeader):
+        counters = rec.counters
+        for name in COUNTERS:
+            if name not in counters:
+                return f"counters.{name}"
+    return None
+
+
 def identity_digest_of(identity: TaskIdentity) -> str:
     """``record_digest`` of ``identity``'s JSON-mode dump: the task's identity digest."""
     key = id(identity)

@@ -17,6 +17,7 @@ from agentium_graph._canonical import NotJSONError, check_json
 from agentium_graph._config_base import ConfigModel
 from agentium_graph.errors import ErrorInfo, bool_only, int_only
 from agentium_graph.store._records import (
+    COUNTERS,
     ActionRecord,
     CancelRecord,
     JournalEntry,
@@ -175,6 +176,17 @@ class CreateTaskRequest(_Req):
     nodes: tuple[NodeRecord, ...]
     admission_id: str
     blobs: dict[str, str] = {}
+
+    @field_validator("header")
+    @classmethod
+    def _every_counter(cls, header: TaskHeader) -> TaskHeader:
+        missing = [name for name in COUNTERS if name not in header.counters]
+        if missing:
+            # A store reads a header back without one as damaged: a counter removed by
+            # hand would otherwise count again from zero.
+            raise ValueError(f"header.counters must hold every counter (missing {missing}); "
+                             "start them at 0")
+        return header
 
 
 class CreateTaskResult(_Req):

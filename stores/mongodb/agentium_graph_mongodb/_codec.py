@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from agentium_graph.errors import ErrorInfo, StoreSchemaError
-from agentium_graph.store import JournalEntry, NodeRecord, TaskHeader
+from agentium_graph.store import JournalEntry, NodeRecord, TaskHeader, missing_persisted
 from agentium_graph_mongodb._errors import bounded
 
 #: The layout version this package reads and writes. Every document carries it as ``v``.
@@ -129,6 +129,9 @@ def header_from_doc(doc: object, where: str, key: str) -> TaskHeader:
         # field accepts, so the error names its field.
         text = json.dumps(fields, default=lambda value: {"bson": type(value).__name__})
         header = TaskHeader.model_validate_json(text, strict=True)
+    gap = missing_persisted(header)
+    if gap is not None:  # it would read as its default (a used fence as 0)
+        raise damaged(where, f"header.{gap} is missing, which every store writes", key)
     if header.key != key:
         raise damaged(where, f"header.key is {bounded_repr(header.key)}, not the document's "
                       f"_id {bounded_repr(key)}", key)
@@ -163,6 +166,21 @@ def check_version(doc: Mapping[str, Any], where: str, key: str | None = None) ->
             "agentium-graph-mongodb to read it (nothing was changed)",
             details={"where": where, "schema_version": version,
                      "supported": SCHEMA_VERSION, **extra})
+
+
+APPLICATION = "agentium-graph-mongodb"  # the meta document's "application"
+
+
+def check_meta(doc: Mapping[str, Any], where: str) -> None:
+    """Refuse a meta document of a newer schema, or of another application."""
+    check_version(doc, where)
+    application = doc.get("application")
+    if application != APPLICATION:
+        raise StoreSchemaError(
+            f"MongoDB store: {where} names the application {bounded_repr(application)}, not "
+            f"{APPLICATION!r}: the database belongs to another application; point the store "
+            "at a database of its own (database=...); nothing was changed",
+            details={"where": where, "application": bounded_repr(application)})
 
 
 def damaged(where: str, problem: str, key: str | None = None) -> StoreSchemaError:

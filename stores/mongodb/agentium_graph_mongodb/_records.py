@@ -21,6 +21,7 @@ from agentium_graph.store import (
     TaskHeader,
     TaskIdentity,
     TaskSnapshot,
+    missing_persisted,
 )
 from agentium_graph_mongodb._codec import (
     bounded_repr,
@@ -93,6 +94,10 @@ def parse_records(doc: TaskDoc, model: type[M], name: str, texts: dict[str, str]
     for field_name in texts if only is None else (i for i in only if i in texts):
         with schema_errors(where, f"{name}.{field_name}", doc.key):
             rec = model.model_validate_json(texts[field_name])
+        gap = missing_persisted(rec)
+        if gap is not None:  # it would read as its default (a completed node as pending)
+            raise damaged(where, f"{name}.{field_name}.{gap} is missing, which every store "
+                          "writes", doc.key)
         own = rec.node_id if isinstance(rec, NodeRecord) else rec.action_id
         if encode_key(own) != field_name:  # filed under another id: every lookup misses it
             id_name = "node_id" if isinstance(rec, NodeRecord) else "action_id"

@@ -61,13 +61,14 @@ from agentium_graph_mongodb._client import (
     call_deadline,
 )
 from agentium_graph_mongodb._codec import (
+    APPLICATION,
     BLOBS,
     JOURNAL,
     META,
     META_ID,
     SCHEMA_VERSION,
     TASKS,
-    check_version,
+    check_meta,
 )
 from agentium_graph_mongodb._database import check_database_name, resolve_database
 from agentium_graph_mongodb._doc import DocCache
@@ -560,7 +561,7 @@ class MongoDBDurableTaskStore:
             if not self._create:
                 raise self._no_store()
             return False
-        check_version(found, f"the meta document of {self._where}")
+        check_meta(found, f"the meta document of {self._where}")
         return True
 
     async def _prepare(self, db: AsyncDatabase[dict[str, Any]]) -> None:
@@ -577,7 +578,7 @@ class MongoDBDurableTaskStore:
                     found = await meta.find_one_and_update(
                         {"_id": META_ID},
                         {"$setOnInsert": {"v": SCHEMA_VERSION,
-                                          "application": "agentium-graph-mongodb"}},
+                                          "application": APPLICATION}},
                         upsert=True, return_document=ReturnDocument.AFTER)
                 except DuplicateKeyError:  # two stores stamping a new database at once
                     found = None
@@ -587,7 +588,7 @@ class MongoDBDurableTaskStore:
                     found = await meta.find_one({"_id": META_ID})
                 return found
             found = await self._io("open (check schema)", stamp, write=True)
-            check_version(found or {}, f"the meta document of {self._where}")
+            check_meta(found or {}, f"the meta document of {self._where}")
         await self._io("open (create indexes)", lambda: db[TASKS].create_index(
             [("header.status", 1), ("_id", 1)], name="by_status"), write=True)
         await self._io("open (create indexes)", lambda: db[JOURNAL].create_index(

@@ -37,6 +37,20 @@ async def test_a_database_of_a_newer_schema_is_refused_untouched(
     assert "tasks" not in await raw_db.list_collection_names()
 
 
+async def test_a_meta_document_of_another_application_is_refused_untouched(
+        raw_db: Raw, mongodb_uri: str, mongodb_database: str) -> None:
+    # (review 40) Only the schema version was checked: a database stamped by another
+    # application with a version this store knows was written into.
+    await raw_db.meta.insert_one({"_id": "agentium-graph-mongodb", "v": SCHEMA_VERSION,
+                                  "application": "other"})
+    async with open_store(mongodb_uri, mongodb_database) as store:
+        with pytest.raises(StoreSchemaError) as info:
+            await store.create_task(create_request("k"))
+        assert "another application" in str(info.value)
+        assert info.value.details["application"] == "'other'"
+    assert await raw_db.tasks.count_documents({}) == 0
+
+
 @pytest.mark.parametrize("collection", ["tasks", "journal", "blobs"])
 async def test_a_document_of_a_newer_schema_is_refused(
         store: MongoDBDurableTaskStore, raw_db: Raw, collection: str, mongodb_uri: str,

@@ -119,6 +119,12 @@ EDITS: list[tuple[dict[str, Any], str]] = [
     ({"$unset": {"first_entry": 1}}, "first_entry"),
     ({"$set": {"header.journal_seq": "x"}}, "header.journal_seq"),
     ({"$set": {"header.error": 7}}, "header.error"),
+    # (review 40) Fields a parse would fill in with a default: a completed task read as
+    # pending ran again, a used fence was granted again, a counter restarted from zero.
+    ({"$unset": {"header.fence": 1}}, "header.fence"),
+    ({"$unset": {"header.status": 1}}, "header.status"),
+    ({"$unset": {"header.journal_seq": 1}}, "header.journal_seq"),
+    ({"$unset": {"header.counters.tool_calls": 1}}, "header.counters.tool_calls"),
 ]
 
 
@@ -142,3 +148,20 @@ async def test_a_damaged_record_error_names_the_field_and_the_task(
             assert exc.details["key"] == "k", exc.details
             assert field in exc.details["problem"]
     assert failed
+
+
+async def test_a_node_record_without_its_state_is_damaged(
+        store: MongoDBDurableTaskStore, raw_db: Raw) -> None:
+    # (review 40) It read as pending: a completed node ran again.
+    import json
+
+    await store.create_task(create_request("k"))
+    doc = await raw_db.tasks.find_one({"_id": "k"})
+    assert doc is not None
+    record = json.loads(doc["nodes"]["a"])
+    del record["state"]
+    await raw_db.tasks.update_one({"_id": "k"}, {"$set": {"nodes.a": json.dumps(record)}})
+    store._cache.clear()
+    with pytest.raises(StoreSchemaError) as info:
+        await store.get_task("k")
+    assert "nodes.a.state is missing" in str(info.value) and info.value.details["key"] == "k"

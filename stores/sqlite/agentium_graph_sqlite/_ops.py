@@ -34,6 +34,7 @@ from agentium_graph.store._records import (
     TaskHeader,
     TaskIdentity,
     TaskSnapshot,
+    missing_persisted,
     record_json,
     replace,
     stored_header_json,
@@ -325,9 +326,14 @@ def _parse(model: type[M], text: str | bytes, what: str, key: str, sql: str) -> 
     """``model`` parsed from a stored row; a row that does not parse is a :class:`BadRecord`
     naming it (``what``) and how to look at it (``sql``)."""
     try:
-        return model.model_validate_json(text)
+        rec = model.model_validate_json(text)
     except ValidationError as exc:
         raise BadRecord(exc, what, key, sql) from exc
+    gap = missing_persisted(rec)
+    if gap is not None:  # it would read as its default: a used fence as 0, completed as pending
+        raise BadRecord(None, what, key, sql, problem=f"{gap} is missing, which every store "
+                        "writes")
+    return rec
 
 
 def _q(value: str) -> str:
