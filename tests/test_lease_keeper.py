@@ -174,3 +174,42 @@ async def test_a_renewal_slower_than_half_the_ttl_is_warned_about(
         await asyncio.wait_for(rt.run("k"), 30)
     slow = [r.getMessage() for r in caplog.records if "lease renewal took" in r.getMessage()]
     assert slow and "of the 0.5 s lease TTL" in slow[0] and "raise lease_ttl" in slow[0]
+
+
+class DownStore(InMemoryDurableTaskStore):
+    """Commits fail (the store went away) and releases hang, as retries against a dead
+    server do."""
+
+    down = False
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        if self.down:
+            raise StoreUnavailableError("the store is unreachable")
+        return await super().commit(request)
+
+    async def release_lease(self, request: Any) -> Any:
+        if self.down:
+            await asyncio.sleep(3600)
+        return await super().release_lease(request)
+
+
+async def test_a_run_failed_by_the_store_waits_a_bounded_time_to_release(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # (review 40) After the MongoDB store's retries gave up on a commit, the release's own
+    # retries took as long again before run() raised.
+    from agentium_graph.runtime import _runtime
+
+    monkeypatch.setattr(_runtime, "RELEASE_WAIT_S", 0.2)
+    store = DownStore()
+
+    async def step(args: dict[str, Any]) -> dict[str, Any]:
+        store.down = True
+        return {}
+
+    catalog = HostCatalog([ToolBinding(id="step", version="1", execute=step, recovery="pure")])
+    rt = ExecutionGraphRuntime(catalog=catalog, store=store)
+    await rt.create("k", ExecutionGraphProgram(id="p", version="1", plan={
+        "schemaVersion": 1, "revision": 1, "nodes": [
+            {"id": "a", "binding": "step", "version": "1", "args": {}}]}))
+    with pytest.raises(StoreUnavailableError):
+        await asyncio.wait_for(rt.run("k"), 10)  # not the hour the release would wait

@@ -111,6 +111,8 @@ from agentium_graph.store._requests import (
 )
 
 log = logging.getLogger("agentium_graph.runtime")
+# The longest a failed run waits to release its lease (it expires by itself).
+RELEASE_WAIT_S = 5.0
 T = TypeVar("T")
 L = TypeVar("L", RootLimits, PlanLimits)
 
@@ -612,11 +614,16 @@ class ExecutionGraphRuntime(OperatorAPI):
             await self._release_quietly(key, worker_id, now.fence)
 
     async def _release_quietly(self, key: str, worker_id: str, fence: int) -> None:
+        """Release a lease after a run that failed; never raises for the store. Bounded:
+        after a store outage the store's own retries would add their whole budget again
+        to the failed run's, and the lease expires by itself anyway."""
         try:
-            await self.store.release_lease(ReleaseLeaseRequest(
-                key=key, worker_id=worker_id, fence=fence, now=self.clock()))
-        except (StaleFenceError, StoreError) as exc:
-            log.info("task %s: lease not released (%s); it will expire", key, exc)
+            async with asyncio.timeout(min(self.lease_ttl, RELEASE_WAIT_S)):
+                await self.store.release_lease(ReleaseLeaseRequest(
+                    key=key, worker_id=worker_id, fence=fence, now=self.clock()))
+        except (StaleFenceError, StoreError, TimeoutError) as exc:
+            log.info("task %s: lease not released (%s); it expires within %g s", key,
+                     exc or "the store did not answer in time", self.lease_ttl)
 
     def nested_plan(self, binding: GraphBinding | RepeatBinding,
                     grants: tuple[str, ...] | None) -> CompiledPlan:
