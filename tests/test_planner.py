@@ -351,6 +351,23 @@ async def test_a_worker_needs_the_planned_program_and_its_pinned_settings(
     assert (await rt.inspect("p")).status == "pending"  # nothing was written
 
 
+async def test_create_refuses_another_program_under_a_known_id_and_version(
+        calls: Calls) -> None:
+    # (review 46) create() replaced the program the runtime knew, so the task created with
+    # the first one could no longer run on the runtime that created it.
+    store = CountingStore()
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store)
+    first = planned(ScriptedProvider([turn(GOOD)]))
+    await rt.create("x", first, input={"start": 0})
+    changed = ExecutionGraphProgram(id="planned", version="1", planner=PlannerConfig(
+        provider=ScriptedProvider([turn(GOOD)]), host_instructions="Something else."))
+    with pytest.raises(ConfigurationError, match="bump the version"):
+        await rt.create("y", changed, input={"start": 0})
+    assert await store.get_header("y") is None  # nothing stored
+    await rt.create("x", first, input={"start": 0})  # the same program again: fine
+    assert (await rt.run("x")).output["b"] == {"value": 2}
+
+
 async def test_the_model_call_budget_is_enforced_before_the_planner_call(
         calls: Calls) -> None:
     provider = ScriptedProvider([turn(GOOD)])

@@ -24,7 +24,7 @@ from agentium_graph import (
     StoreSchemaError,
 )
 from agentium_graph.cli import cli as cli_group
-from agentium_graph.runtime._runtime import error_from_info
+from agentium_graph.runtime._terminal import error_from_info
 from agentium_graph.store import TimelineRequest
 from tests._review18_damage_tasks import build_tasks, runtime
 from tests.conftest import Calls

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
-
-from pydantic import ValidationError
 
 from agentium_graph._canonical import (
     NotJSONError,
@@ -33,12 +30,10 @@ from agentium_graph.errors import (
     DescriptorMismatchError,
     Diagnostic,
     DurableRecoveryRequiredError,
-    ErrorInfo,
     InvalidTransitionError,
     LeaseHeldError,
     NestedDispatchError,
     NodeFailedError,
-    PlannerFailedError,
     PlanValidationError,
     StaleFenceError,
     StoreError,
@@ -77,9 +72,7 @@ from agentium_graph.runtime._inspect import (
     verified_identity,
 )
 from agentium_graph.runtime._operator import OperatorAPI, run_sync
-from agentium_graph.runtime._outcome import node_error
 from agentium_graph.runtime._planner import (
-    EXHAUSTED_ADVICE,
     committed_plan,
     empty_plan,
     find_program,
@@ -87,6 +80,7 @@ from agentium_graph.runtime._planner import (
 from agentium_graph.runtime._reach import pinned_keys_used, ungranted_by_node, used_bindings
 from agentium_graph.runtime._resolve import cancel_stopped
 from agentium_graph.runtime._run import FastStartRefused, RunState, TaskRun
+from agentium_graph.runtime._terminal import raise_terminal
 from agentium_graph.runtime._views import (
     AdmissionEvent,
     TaskResult,
@@ -335,6 +329,8 @@ class ExecutionGraphRuntime(OperatorAPI):
             deadline=absolute if absolute is not None else (
                 now + timedelta(seconds=after) if after is not None else None),
             revision=0 if plan is None else 1, journal_seq=1)
+        if program.planner is not None:
+            self._check_program(program)  # before anything is stored
         try:
             created = await self.store.create_task(CreateTaskRequest(
                 header=header, identity=identity, nodes=nodes,
@@ -363,12 +359,19 @@ class ExecutionGraphRuntime(OperatorAPI):
         """Let this runtime run tasks of ``program`` (needed for planner programs only)."""
         if not isinstance(program, ExecutionGraphProgram):
             raise ConfigurationError("programs must be ExecutionGraphProgram instances")
+        self._check_program(program)
+        self._programs[(program.id, program.version)] = program
+
+    def _check_program(self, program: ExecutionGraphProgram) -> None:
+        """Refuse a program whose id and version this runtime knows with other content (by
+        ``programs=``, ``register_program`` or an earlier ``create``): the tasks of the one
+        it knows could no longer run here."""
         known = self._programs.get((program.id, program.version))
-        if known is not None and known.descriptor() != program.descriptor():
+        if known is not None and known is not program and \
+                known.descriptor() != program.descriptor():
             raise ConfigurationError(
                 f"program {program.id!r} version {program.version!r} is registered with "
                 "different content; bump the version of the changed program")
-        self._programs[(program.id, program.version)] = program
 
     async def _planned_root(self, identity: TaskIdentity, header: TaskHeader) -> CompiledPlan:
         """A planned task's root plan: the committed one, or an empty revision 0."""
@@ -454,7 +457,7 @@ class ExecutionGraphRuntime(OperatorAPI):
             # A cancel recorded without a runtime (the CLI, another process) is applied by
             # the next run, as for any task nobody runs.
             header = await self._header(key)
-        _raise_terminal(header)
+        raise_terminal(header)
         identity = await self._pinned_identity(header)
         planned = identity.plan is None
         program: ExecutionGraphProgram | None = None
@@ -482,7 +485,7 @@ class ExecutionGraphRuntime(OperatorAPI):
             header = await self._header(key)
             if header.status == "completed":
                 return await self._retained_result(key)
-            _raise_terminal(header)
+            raise_terminal(header)
             raise AssertionError(f"task {key!r} is {header.status}")  # pragma: no cover
         grant = lease.fence
         try:
@@ -769,32 +772,3 @@ class ExecutionGraphRuntime(OperatorAPI):
                           revision=snapshot.header.revision,
                           counters=dict(snapshot.header.counters))
 
-
-def _raise_terminal(header: TaskHeader) -> None:
-    info = header.error
-    if header.status == "canceled":
-        raise TaskCanceledError(info.message if info else f"task {header.key!r} was canceled")
-    if header.status == "recovery_required":
-        ids = info.details.get("action_ids") if info else None
-        # Free-form details: a damaged header may hold anything there.
-        raise DurableRecoveryRequiredError(header.key, [str(i) for i in ids]
-                                           if isinstance(ids, list) else [],
-                                           reason="resolve them before running again")
-    if header.status == "failed":
-        raise error_from_info(header.key, info)
-
-
-def error_from_info(key: str, info: ErrorInfo | None) -> Exception:
-    if info is None:
-        return NodeFailedError(f"task {key!r} failed")
-    if info.code == "deadline_exceeded":
-        return DeadlineExceededError(info.message, details=info.details)
-    if info.code == PlanValidationError.code and "diagnostics" in info.details:
-        with contextlib.suppress(TypeError, ValidationError):  # damaged: as any failure
-            return PlanValidationError([Diagnostic(**d) for d in info.details["diagnostics"]],
-                                       subject=f"task {key!r}: the planner's last proposal",
-                                       advice=EXHAUSTED_ADVICE)
-    if info.code == PlannerFailedError.code:
-        return PlannerFailedError(info.message, details=info.details)
-    return node_error(info, f"task {key!r} failed at node {info.node_id!r}: {info.message}",
-                      info.node_id)
