@@ -337,3 +337,27 @@ def json_copy(value: JSONValue, *, trusted: bool = False) -> JSONValue:
             return json.loads(_fast_encoder.encode(value))
         return _parse_encoded("".join(_c_plain(value, 0)))
     return checked_json(value)[1]
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON text whose object gives one key twice: ``json.loads`` would keep the last
+    value silently, and a reader keeping the first would see other data."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"the key {key!r} appears twice in one object")
+        self.key = key
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(key)
+        out[key] = value
+    return out
+
+
+def loads_unique(text: str) -> Any:
+    """``json.loads(text)``, refusing an object with a duplicate key (DuplicateKeyError):
+    for text a model wrote, whose journaled form must mean one thing to every reader."""
+    return json.loads(text, object_pairs_hook=_unique_pairs)

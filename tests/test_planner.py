@@ -228,6 +228,10 @@ def _ref_to(node: str, *path: str) -> dict[str, Any]:
     (json.dumps([GOOD]), "plan_shape"),
     (json.dumps(_ref_to("$previous")), "bad_reference"),  # no iterations at the root
     (json.dumps(_ref_to("$input", "begin")), "bad_reference_path"),  # the input has "start"
+    # (review 46) A duplicated key: json.loads kept the last value, another reader of the
+    # journaled answer would keep the first.
+    ('{"schemaVersion": 1, "revision": 1, "nodes": [], "nodes": '
+     + json.dumps(GOOD["nodes"]) + "}", "proposal_not_json"),
 ])
 async def test_bad_proposals_name_what_is_wrong(calls: Calls, text: str, code: str) -> None:
     provider = ScriptedProvider([turn(text)])

@@ -207,6 +207,7 @@ async def test_the_committed_plan_restated_on_the_next_base_is_ignored(calls: Ca
     ("not json\n", "frame_not_json"),
     ('{"plan": {}}\n', "frame_shape"),
     ('{"baseRevision": true, "plan": {}}\n', "frame_shape"),
+    ('{"baseRevision": 0, "baseRevision": 0, "plan": {}}\n', "frame_not_json"),  # review 46
     (frame(3, node("a", 1)), "base_revision_mismatch"),
     (frame(0, node("a", 1)).replace('"revision": 1', '"revision": 5'), "revision_mismatch"),
     (frame(0, node("a", 1, binding="teleport")), "unknown_binding"),
@@ -231,6 +232,7 @@ async def test_limits_close_the_stream_or_fail_the_task(calls: Calls) -> None:
 
     many = ScriptedProvider([turn(*(frame(i, *(node(f"n{j}", j) for j in range(i + 1)))
                                     for i in range(3)))])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))  # another program, same id
     await rt.create("m", streamed(many, stream={"max_frames": 2}))
     with pytest.raises(PlanValidationError) as failed:
         await rt.run("m")

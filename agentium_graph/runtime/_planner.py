@@ -28,12 +28,14 @@ from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentium_graph._canonical import (
+    DuplicateKeyError,
     NotJSONError,
     admission_id,
     canonical_json,
     check_json,
     digest,
     digest_text,
+    loads_unique,
 )
 from agentium_graph._program import ExecutionGraphProgram, PlanLimits, PlannerConfig
 from agentium_graph.errors import (
@@ -144,11 +146,14 @@ def parse_proposal(response: ModelResponse) -> tuple[Any, list[Diagnostic]]:
         end = len(lines) - 1 if len(lines) > 1 and lines[-1].strip() == "```" else len(lines)
         text = "\n".join(lines[1:end]).strip()
     try:
-        value = json.loads(text)
+        value = loads_unique(text)
     except json.JSONDecodeError as exc:
         return None, [Diagnostic(path="$", code="proposal_not_json", message=(
             f"the answer is not one JSON object: {exc.msg} at line {exc.lineno} column "
             f"{exc.colno}"))]
+    except DuplicateKeyError as exc:
+        return None, [Diagnostic(path="$", code="proposal_not_json", message=(
+            f"the answer is not one JSON object: {exc}; give each key once"))]
     except ValueError:  # the only other ValueError json.loads raises: int(digits) refused
         return None, [Diagnostic(path="$", code="proposal_not_json", message=(
             f"the answer holds an integer of more than {sys.get_int_max_str_digits()} "

@@ -39,12 +39,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agentium_graph._canonical import (
+    DuplicateKeyError,
     NotJSONError,
     admission_id,
     canonical_json,
     check_json,
     digest,
     digest_text,
+    loads_unique,
 )
 from agentium_graph._program import ExecutionGraphProgram, PlannerConfig
 from agentium_graph.errors import BudgetExhaustedError, Diagnostic, PlanValidationError
@@ -485,11 +487,14 @@ def _parse(text: str) -> tuple[int, dict[str, Any]]:
         return _Rejected([Diagnostic(path=path, code=code, message=message)])
 
     try:
-        value = json.loads(text)
+        value = loads_unique(text)
         check_json(value)
     except json.JSONDecodeError as exc:
         raise bad("frame_not_json", f"the frame is not one JSON object: {exc.msg} at "
                                     f"column {exc.colno}") from None
+    except DuplicateKeyError as exc:
+        raise bad("frame_not_json", f"the frame is not one JSON object: {exc}; give each "
+                                    "key once") from None
     except NotJSONError as exc:
         raise bad("frame_not_json", exc.reason, exc.path) from None
     except (ValueError, RecursionError) as exc:
