@@ -210,6 +210,9 @@ class StoreNotDurableError(ConfigurationError):
     code = "store_not_durable"
 
 
+MAX_DIAGNOSTIC_MESSAGE = 1000  # characters of one diagnostic's message
+
+
 class Diagnostic(BaseModel):
     """One finding of plan validation: where (a JSON path), what (a stable code), and why."""
 
@@ -219,6 +222,13 @@ class Diagnostic(BaseModel):
     code: str
     message: str
     node_id: str | None = None
+
+    @field_validator("message")
+    @classmethod
+    def _bounded(cls, value: str) -> str:
+        # Journaled with the verdict and fed back to a planner: a schema error quoting a
+        # huge rejected value (a 300 KB answer) must not be journaled and billed again.
+        return bound_text(value, MAX_DIAGNOSTIC_MESSAGE)
 
     def __str__(self) -> str:
         return f"{self.path}: [{self.code}] {self.message}"
