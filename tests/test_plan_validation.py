@@ -777,9 +777,7 @@ def test_literal_values_are_checked_against_the_input_schema_as_written() -> Non
 def test_a_diagnostic_quoting_a_huge_value_is_bounded() -> None:
     # (review 46) A schema error embeds the repr of the value: a 300 KB rejected planner
     # answer was journaled again, and billed again as input, through its diagnostic.
-    problems_of_big = problems(["z" * 300_000])
-    assert problems_of_big[0][0] == "plan_shape"
     with pytest.raises(PlanValidationError) as info:
         validate_plan(["z" * 300_000], CATALOG, limits=LIMITS)
-    message = info.value.diagnostics[0].message
-    assert len(message) < 1100 and message.endswith("more characters)")
+    [shape] = [d for d in info.value.diagnostics if d.code == "plan_shape"]
+    assert len(shape.message) < 1100 and shape.message.endswith("more characters)")
