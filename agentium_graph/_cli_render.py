@@ -65,9 +65,13 @@ def _shown(text: str) -> str:
     """:func:`_safe`, and on a stdout that is not UTF-8 each character it cannot encode
     already escaped: a table is laid out with the width it is shown with, and a line that
     click writes (which re-encodes an ASCII stream as UTF-8) is in the stream's encoding."""
-    text = _safe(text)
-    if not text.isascii() and not _utf8(sys.stdout):
-        encoding = getattr(sys.stdout, "encoding", None) or "ascii"
+    return _encodable(_safe(text), sys.stdout)
+
+
+def _encodable(text: str, stream: Any) -> str:
+    """``text`` with each character that ``stream`` (not UTF-8) cannot encode escaped."""
+    if not text.isascii() and not _utf8(stream):
+        encoding = getattr(stream, "encoding", None) or "ascii"
         with contextlib.suppress(LookupError):
             text = text.encode(encoding, "backslashreplace").decode(encoding)
     return text

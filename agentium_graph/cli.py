@@ -47,6 +47,7 @@ from agentium_graph._cli_render import (
     _console,
     _deadline,
     _emit_json,
+    _encodable,
     _error,
     _Grid,
     _lease,
@@ -166,7 +167,9 @@ def _error_line(line: str, file: Any = None) -> None:
     is dropped and the stream pointed at the null device, so Python's flush at exit does not
     fail again (which would make the exit code 120)."""
     try:
-        click.echo(line, file=file, err=True)
+        # Escaped for stderr's encoding first: click re-encodes an ASCII stream as UTF-8.
+        click.echo(_encodable(line, sys.stderr if file is None else file), file=file,
+                   err=True)
     except (OSError, ValueError):  # ValueError: the stream object itself was closed
         _discard(sys.stderr if file is None else file)
 

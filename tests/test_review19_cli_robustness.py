@@ -322,3 +322,24 @@ def test_an_option_missing_its_value_names_the_help(tmp_path: Path, args: list[s
                                                    command: str) -> None:
     result = CliRunner().invoke(cli, args, env={"AGENTIUM_STORE": f"sqlite:///{tmp_path}/x"})
     one_line_error(result, EXIT_USAGE, args[-1].split("=")[0], f"see '{command} --help'")
+
+
+@pytest.mark.parametrize("args", [["inspect", "nope-\u2615"], ["list", "--status", "\u2615"]],
+                         ids=["store-error", "usage-error"])
+def test_an_error_line_on_an_ascii_stderr_escapes_what_it_cannot_encode(
+        tmp_path: Path, args: list[str]) -> None:
+    # (review 45) Tables and messages on stdout were escaped, but click wrote error lines as
+    # UTF-8 bytes onto an ASCII stderr.
+    db = tmp_path / "tasks.db"
+
+    async def one_task() -> None:
+        async with sqlite.SQLiteDurableTaskStore(db) as store:
+            rt = ExecutionGraphRuntime(catalog=make_catalog(Calls()), store=store)
+            await rt.create("k", program(chain_plan(1)))
+
+    asyncio.run(one_task())
+    done = subprocess.run([sys.executable, "-m", "agentium_graph", "--store",
+                           f"sqlite:///{db}", *args], env=_env(PYTHONIOENCODING="ascii"),
+                          capture_output=True, timeout=60)
+    assert done.returncode in (2, 3), done
+    assert done.stderr.isascii() and b"\\u2615" in done.stderr, done.stderr
