@@ -338,6 +338,14 @@ def _tolerant_output() -> None:
         if (isinstance(stream, io.TextIOWrapper) and stream.errors == "strict"
                 and not _utf8(stream)):
             stream.reconfigure(errors="backslashreplace")
+    out = sys.stdout
+    if isinstance(out, io.TextIOWrapper) and isinstance(out.buffer, io.FileIO):
+        # PYTHONUNBUFFERED (python -u): the text layer writes straight to the file and
+        # drops what a short write left over, so output cut by a pipe closing early went
+        # unreported (exit 0, half a JSON document). A buffered layer writes it all or
+        # raises. The original stream stays in sys.__stdout__, which keeps it open.
+        sys.stdout = io.TextIOWrapper(io.BufferedWriter(out.buffer), encoding=out.encoding,
+                                      errors=out.errors, line_buffering=out.isatty())
 
 
 json_option = click.option("--json", "as_json", is_flag=True,

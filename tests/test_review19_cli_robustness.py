@@ -343,3 +343,24 @@ def test_an_error_line_on_an_ascii_stderr_escapes_what_it_cannot_encode(
                           capture_output=True, timeout=60)
     assert done.returncode in (2, 3), done
     assert done.stderr.isascii() and b"\\u2615" in done.stderr, done.stderr
+
+
+def test_output_cut_by_a_closed_pipe_is_not_lost_silently_when_unbuffered() -> None:
+    # (review 45) Under PYTHONUNBUFFERED the text layer writes straight to the file and
+    # drops what a short write leaves over: a reader closing early got half a JSON document
+    # and the CLI exited 0. The CLI's own output setup gives stdout a buffered layer.
+    script = ("import sys; from agentium_graph.cli import _tolerant_output\n"
+              "_tolerant_output()\n"
+              "print(type(sys.stdout.buffer).__name__, flush=True)\n"
+              "sys.stdout.write('x' * 4_000_000); sys.stdout.flush()\n")
+    child = subprocess.Popen([sys.executable, "-c", script], env=_env(PYTHONUNBUFFERED="1"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert child.stdout is not None and child.stderr is not None
+    assert child.stdout.readline() == b"BufferedWriter\n"
+    child.stdout.read(10)
+    child.stdout.close()  # the reader goes away with most of the output unwritten
+    try:
+        assert child.wait(timeout=60) != 0
+        assert b"BrokenPipeError" in child.stderr.read()
+    finally:
+        child.stderr.close()
