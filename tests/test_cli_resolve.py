@@ -76,6 +76,8 @@ def test_cli_resolve_then_run_completes(tmp_path: Path, mode: str) -> None:
     assert result.exit_code == 0, result.output
     action = json.loads(result.output)
     assert action["resolution"]["actor"] == "oncall"
+    # As every timestamp of the record is written (review 45: it had "+00:00").
+    assert action["resolution"]["at"].endswith("Z") and action["updated_at"].endswith("Z")
     assert action["state"] == ("confirmed" if mode == "output" else "intent")
     # A conflicting second resolution is refused with a one-line error.
     other = ["--absent"] if mode == "output" else ["--output", '{"charge_id": "x", "amount": 1}']

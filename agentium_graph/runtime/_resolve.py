@@ -25,6 +25,7 @@ from datetime import datetime
 
 from jsonschema import Draft202012Validator
 from jsonschema.validators import validator_for
+from pydantic import TypeAdapter
 
 from agentium_graph._canonical import NotJSONError, canonical_json, check_json, digest_text
 from agentium_graph._schemarefs import local_registry
@@ -133,6 +134,9 @@ async def _snapshot(store: DurableTaskStore, key: str) -> TaskSnapshot:
     return snapshot
 
 
+_TIMESTAMP: TypeAdapter[datetime] = TypeAdapter(datetime)
+
+
 def _unresolved(snapshot: TaskSnapshot, action_id: str, outcome: ActionOutcome | Absent,
                 verdict: str) -> bool:
     """True while the action is uncertain; False when this very resolution is already
@@ -193,7 +197,9 @@ def _steps(snapshot: TaskSnapshot, action_id: str, outcome: ActionOutcome | Abse
     ``text``: the checked canonical output of an ``ActionOutcome``."""
     key = snapshot.header.key
     action = snapshot.actions[action_id]
-    resolution = {"actor": actor, "verdict": verdict, "at": now.isoformat()}
+    # "at" as every record's timestamp is written (UTC with "Z"), not isoformat()'s "+00:00".
+    resolution = {"actor": actor, "verdict": verdict, "at": _TIMESTAMP.dump_python(
+        now, mode="json")}
     steps: list[Step] = []
     blobs: dict[str, str] = {}
     if isinstance(outcome, ActionOutcome):
