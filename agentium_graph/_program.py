@@ -121,6 +121,7 @@ class ExecutionGraphProgram(BaseModel):
 
     _input_validator: Validator | None = PrivateAttr(default=None)
     _plan_digest: str | None = PrivateAttr(default=None)
+    _schema_digest: str | None = PrivateAttr(default=None)
 
     def __init__(self, /, *args: Any, **data: Any) -> None:
         if args:
@@ -141,6 +142,7 @@ class ExecutionGraphProgram(BaseModel):
         if self.input_schema is not None:
             _, self._input_validator = checked_validator(
                 self.input_schema, f"program {self.id!r}: input_schema", root="input_schema")
+            self._schema_digest = digest(self.input_schema)
 
     def model_post_init(self, context: Any, /) -> None:
         # Also run by model_construct: the digest of the plan the program holds.
@@ -192,6 +194,14 @@ class ExecutionGraphProgram(BaseModel):
         if self.plan is not None:
             self.checked_plan(plan_digest)
             plan_digest = self._plan_digest
+        if self._schema_digest is not None and digest(self.input_schema) != self._schema_digest:
+            # The validator was compiled from the schema as built: a task would pin one
+            # schema and have its input checked against another.
+            raise ConfigurationError(
+                f"program {self.id!r} version {self.version!r}: its input_schema was changed "
+                "in place after the program was built; a program is immutable: build a new "
+                "ExecutionGraphProgram instead",
+                details={"program": self.id, "version": self.version})
         return {
             "id": self.id,
             "version": self.version,

@@ -180,6 +180,18 @@ async def test_create_deep_copies_plan_and_input(calls: Calls) -> None:
     assert identity is not None and identity.input == {"items": [1, 2]}
 
 
+async def test_an_input_schema_changed_in_place_is_refused(calls: Calls) -> None:
+    # (review 44) The task pinned the schema as changed while its input was checked against
+    # the one the program was built with: a task whose pinned schema its input breaks.
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    prog = program(chain_plan(1), input_schema={"type": "object", "required": ["a"]})
+    assert prog.input_schema is not None
+    prog.input_schema["required"] = ["zzz"]  # reaching into the frozen program
+    with pytest.raises(ConfigurationError, match="input_schema was changed in place"):
+        await rt.create("k", prog, input={"a": 1})
+    assert await rt.store.get_header("k") is None
+
+
 async def test_identity_pins_the_plan_its_digest_and_args_digests(calls: Calls) -> None:
     # create encodes the plan once for both its digest and the identity's copy, and takes
     # each node's args digest from the compiled plan: both must equal the plain
