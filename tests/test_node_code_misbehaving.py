@@ -25,6 +25,7 @@ from agentium_graph import (
     InMemoryDurableTaskStore,
     NodeFailedError,
     NodeOutputError,
+    PlanValidationError,
     RepeatBinding,
     StoreCapabilities,
     TaskCanceledError,
@@ -396,3 +397,19 @@ async def test_an_output_integer_too_long_to_write_fails_as_output_not_json() ->
     with pytest.raises(NodeOutputError, match=r"at \$\.n: integer has more than 4300 digits"):
         await rt.run("k")
     assert (await rt.inspect("k")).nodes["a"].state == "failed"
+
+
+@pytest.mark.parametrize("where", ["input", "plan"])
+async def test_an_input_or_plan_larger_than_the_store_keeps_is_refused_at_create(
+        where: str) -> None:
+    # (review 44) Only outputs were held to the store's record size: a larger input or plan
+    # reached a store that had said it cannot hold it, with whatever error that store gives.
+    rt = ExecutionGraphRuntime(catalog=HostCatalog([tool("t", lambda args: {})]),
+                               store=SmallRecords())
+    big = "\u00e9" * 600  # 600 characters, 1200 bytes
+    program = plan(node("a", args={"note": big})) if where == "plan" else plan(node("a"))
+    with pytest.raises(PlanValidationError) as info:
+        await rt.create("k", program, input={"blob": big} if where == "input" else None)
+    [problem] = info.value.diagnostics
+    assert problem.code == f"{where}_too_large" and "max_blob_bytes" in problem.message
+    assert await rt.store.get_header("k") is None

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from agentium_graph._canonical import (
     NotJSONError,
     admission_id,
+    canonical_json,
     check_json,
     checked_json,
     digest,
@@ -72,6 +73,7 @@ from agentium_graph.runtime._inspect import (
     verified_identity,
 )
 from agentium_graph.runtime._operator import OperatorAPI, run_sync
+from agentium_graph.runtime._outcome import bytes_over
 from agentium_graph.runtime._planner import (
     committed_plan,
     empty_plan,
@@ -262,6 +264,7 @@ class ExecutionGraphRuntime(OperatorAPI):
             plan = self.compile_plan(program.plan, program.limits, grant_list,
                                      str(descriptor["plan_digest"]))
         self._check_input(program, input)
+        self._check_sizes(plan_text, input)
         if plan is not None:
             problems = pseudo_ref_problems(plan, repeat=False, input_known=True,
                                            input_value=input)
@@ -380,6 +383,23 @@ class ExecutionGraphRuntime(OperatorAPI):
             return empty_plan(limits)
         plan, plan_digest = await committed_plan(self.store, header)
         return self.compile_plan(plan, limits, identity.grants, plan_digest)
+
+    def _check_sizes(self, plan_text: str | None, value: Any) -> None:
+        """Refuse a plan or an input larger than the store's largest record
+        (``StoreCapabilities.max_blob_bytes``) before anything is stored."""
+        limit: int | None = getattr(self.store.capabilities, "max_blob_bytes", None)
+        if limit is None:
+            return
+        for path, code, text in (("$", "plan_too_large", plan_text),
+                                 ("$input", "input_too_large",
+                                  canonical_json(value, trusted=True))):
+            size = None if text is None else bytes_over(text, limit)
+            if size is not None:
+                raise PlanValidationError([Diagnostic(path=path, code=code, message=(
+                    f"{size} bytes of canonical JSON; the store keeps at most {limit} bytes "
+                    "in one record (StoreCapabilities.max_blob_bytes): pass large data by "
+                    "reference (a key a tool looks up) instead"))],
+                    subject="input" if path == "$input" else "plan")
 
     def _check_input(self, program: ExecutionGraphProgram, value: Any) -> None:
         try:
