@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 __all__ = [
     "AgentiumGraphError",
@@ -225,9 +225,13 @@ class Diagnostic(BaseModel):
 
     @field_validator("message")
     @classmethod
-    def _bounded(cls, value: str) -> str:
+    def _bounded(cls, value: str, info: ValidationInfo) -> str:
         # Journaled with the verdict and fed back to a planner: a schema error quoting a
-        # huge rejected value (a 300 KB answer) must not be journaled and billed again.
+        # huge rejected value (a 300 KB answer) must not be journaled and billed again. A
+        # verdict replayed from the journal (context {"journaled": True}) is kept as it was
+        # sent, whatever bound the version that wrote it applied.
+        if info.context and info.context.get("journaled"):
+            return value
         return bound_text(value, MAX_DIAGNOSTIC_MESSAGE)
 
     def __str__(self) -> str:

@@ -494,3 +494,61 @@ def test_nested_programs_cannot_be_planned(calls: Calls) -> None:
     nested = planned(ScriptedProvider([]))
     with pytest.raises(ConfigurationError, match="static plan"):
         HostCatalog([*make_catalog(calls), GraphBinding(id="sub", version="1", program=nested)])
+
+
+class _CrashAfterSecondResponse(CountingStore):
+    """Dies after committing the planner's second response: the next run replays both."""
+
+    left = 2
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        result = await super().commit(request)
+        if any(isinstance(s, AppendJournal) and s.kind == "planner_response"
+               for s in request.steps):
+            self.left -= 1
+            if self.left == 0:
+                raise _PlannerCrash
+        return result
+
+
+class _PlannerCrash(BaseException):
+    pass
+
+
+async def test_a_verdict_journaled_with_a_longer_message_replays_as_it_was_sent(
+        calls: Calls, monkeypatch: pytest.MonkeyPatch) -> None:
+    # (review 47) Replayed verdicts went through the diagnostic bound added later: one
+    # journaled unbounded came back cut, the correction request no longer matched the one
+    # sent, and the planner was asked (and charged) again for an answer the journal held.
+    from agentium_graph import errors
+
+    store = _CrashAfterSecondResponse()
+    monkeypatch.setattr(errors, "MAX_DIAGNOSTIC_MESSAGE", 10**9)  # an older version
+    long_shape = {"schemaVersion": 1, "revision": 1, "nodes": "y" * 3000}
+    first = ScriptedProvider([turn(long_shape, 0), turn(UNKNOWN, 1), turn(GOOD, 2)])
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store)
+    await rt.create("r", planned(first, max_corrections=3), input={"start": 0})
+    with pytest.raises(_PlannerCrash):
+        await rt.run("r", "w1")
+    monkeypatch.undo()  # the upgraded worker bounds new diagnostics
+    second = ScriptedProvider([turn(GOOD, 1), turn(GOOD, 2)])
+    fresh = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store,
+                                  programs=[planned(second, max_corrections=3)])
+    assert (await fresh.run("r", "w1")).output["b"] == {"value": 2}
+    assert [c.metadata["proposal"] for c in second.calls] == [2]
+
+
+async def test_two_concurrent_creates_cannot_swap_a_known_program(calls: Calls) -> None:
+    # (review 47) The program was checked before the store was awaited and registered
+    # after: two creates of other content under one id and version both passed, the second
+    # replaced the first, and the first task failed on the runtime that created it.
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls), store=CountingStore())
+    first = planned(ScriptedProvider([turn(GOOD)]))
+    changed = ExecutionGraphProgram(id="planned", version="1", planner=PlannerConfig(
+        provider=ScriptedProvider([turn(GOOD)]), host_instructions="Something else."))
+    outcomes = await asyncio.gather(rt.create("a", first, input={"start": 0}),
+                                    rt.create("b", changed, input={"start": 0}),
+                                    return_exceptions=True)
+    assert isinstance(outcomes[1], ConfigurationError) and not isinstance(outcomes[0],
+                                                                          Exception)
+    assert (await rt.run("a")).output["b"] == {"value": 2}

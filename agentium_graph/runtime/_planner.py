@@ -233,7 +233,8 @@ async def plan_task(run: TaskRun, program: ExecutionGraphProgram) -> None:
         if journaled is not None:
             # A replayed rejection keeps its journaled verdict: the correction request is
             # then the one that was sent before, even if validation words things otherwise.
-            diags = [Diagnostic(**d) for d in journaled]
+            diags = [Diagnostic.model_validate(d, context={"journaled": True})
+                     for d in journaled]
         else:
             plan, diags = parse_proposal(fetched.response)
             if not diags:

@@ -10,15 +10,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from agentium_graph._canonical import (
-    NotJSONError,
     admission_id,
-    canonical_json,
-    check_json,
     checked_json,
     digest,
     digest_text,
     json_copy,
-    json_path,
     task_id,
 )
 from agentium_graph._program import ExecutionGraphProgram, PlanLimits
@@ -66,6 +62,7 @@ from agentium_graph.runtime._config import (
 )
 from agentium_graph.runtime._containers import node_record
 from agentium_graph.runtime._context import current_context
+from agentium_graph.runtime._create_checks import check_input, check_sizes
 from agentium_graph.runtime._inspect import (
     build_view,
     check_journal,
@@ -73,7 +70,6 @@ from agentium_graph.runtime._inspect import (
     verified_identity,
 )
 from agentium_graph.runtime._operator import OperatorAPI, run_sync
-from agentium_graph.runtime._outcome import bytes_over
 from agentium_graph.runtime._planner import (
     committed_plan,
     empty_plan,
@@ -263,8 +259,8 @@ class ExecutionGraphRuntime(OperatorAPI):
         if program.plan is not None:
             plan = self.compile_plan(program.plan, program.limits, grant_list,
                                      str(descriptor["plan_digest"]))
-        self._check_input(program, input)
-        self._check_sizes(plan_text, input)
+        check_input(program, input)
+        check_sizes(self.store, plan_text, input)
         if plan is not None:
             problems = pseudo_ref_problems(plan, repeat=False, input_known=True,
                                            input_value=input)
@@ -316,7 +312,7 @@ class ExecutionGraphRuntime(OperatorAPI):
             plan=plan_copy,
             descriptors={f"{b.id}@{b.version}": b.descriptor().model_dump(mode="json")
                          for b in used},
-            # _check_input walked the input above; it is not walked again.
+            # check_input walked the input above; it is not walked again.
             input=json_copy(input, trusted=True), input_digest=digest(input, trusted=True),
             policy_revision=policy_revision or self.policy_revision, grants=grant_list,
             budgets=budgets.model_dump(), root_limits=limits.model_dump(),
@@ -332,21 +328,24 @@ class ExecutionGraphRuntime(OperatorAPI):
             deadline=absolute if absolute is not None else (
                 now + timedelta(seconds=after) if after is not None else None),
             revision=0 if plan is None else 1, journal_seq=1)
-        if program.planner is not None:
-            self._check_program(program)  # before anything is stored
+        # A planner program is known from here on, before the store is awaited: a create
+        # of other content under its id and version meanwhile is refused, not swapped in.
+        reserved = self._reserve_program(program) if program.planner is not None else None
         try:
             created = await self.store.create_task(CreateTaskRequest(
                 header=header, identity=identity, nodes=nodes,
                 admission_id=admission_id(header.task_id, "create")))
         except TaskConflictError as exc:
-            if set(exc.differing) != {"catalog_digest"}:
-                raise
-            # The same request after a deploy that changed only bindings this task does not
-            # use (their pinned descriptors are equal, or they would differ too): the task
-            # runs on this catalog, so this is a re-delivery, not another task.
-            return await self.inspect(key)
-        if program.planner is not None:
-            self._programs[(program.id, program.version)] = program
+            if set(exc.differing) == {"catalog_digest"}:
+                # The same request after a deploy that changed only bindings this task does
+                # not use (their pinned descriptors are equal, or they would differ too): the
+                # task runs on this catalog, so this is a re-delivery, not another task.
+                return await self.inspect(key)
+            self._unreserve(program, reserved)
+            raise
+        except BaseException:
+            self._unreserve(program, reserved)
+            raise
         if not created.created:
             return await self.inspect(key)  # a re-delivery: show what is stored
         self._remember_identity(identity_digest, identity)
@@ -364,6 +363,24 @@ class ExecutionGraphRuntime(OperatorAPI):
             raise ConfigurationError("programs must be ExecutionGraphProgram instances")
         self._check_program(program)
         self._programs[(program.id, program.version)] = program
+
+    def _reserve_program(self, program: ExecutionGraphProgram
+                         ) -> tuple[ExecutionGraphProgram | None] | None:
+        """Know ``program`` (refused if its id and version name other content; an equal
+        one is replaced, as register_program does); what to restore if the create fails."""
+        self._check_program(program)
+        previous = self._programs.get((program.id, program.version))
+        self._programs[(program.id, program.version)] = program
+        return (previous,)
+
+    def _unreserve(self, program: ExecutionGraphProgram,
+                   reserved: tuple[ExecutionGraphProgram | None] | None) -> None:
+        if reserved is None or self._programs.get((program.id, program.version)) is not program:
+            return
+        if reserved[0] is None:
+            del self._programs[(program.id, program.version)]
+        else:
+            self._programs[(program.id, program.version)] = reserved[0]
 
     def _check_program(self, program: ExecutionGraphProgram) -> None:
         """Refuse a program whose id and version this runtime knows with other content (by
@@ -383,47 +400,6 @@ class ExecutionGraphRuntime(OperatorAPI):
             return empty_plan(limits)
         plan, plan_digest = await committed_plan(self.store, header)
         return self.compile_plan(plan, limits, identity.grants, plan_digest)
-
-    def _check_sizes(self, plan_text: str | None, value: Any) -> None:
-        """Refuse a plan or an input larger than the store's largest record
-        (``StoreCapabilities.max_blob_bytes``) before anything is stored."""
-        limit: int | None = getattr(self.store.capabilities, "max_blob_bytes", None)
-        if limit is None:
-            return
-        for path, code, text in (("$", "plan_too_large", plan_text),
-                                 ("$input", "input_too_large",
-                                  canonical_json(value, trusted=True))):
-            size = None if text is None else bytes_over(text, limit)
-            if size is not None:
-                raise PlanValidationError([Diagnostic(path=path, code=code, message=(
-                    f"{size} bytes of canonical JSON; the store keeps at most {limit} bytes "
-                    "in one record (StoreCapabilities.max_blob_bytes): pass large data by "
-                    "reference (a key a tool looks up) instead"))],
-                    subject="input" if path == "$input" else "plan")
-
-    def _check_input(self, program: ExecutionGraphProgram, value: Any) -> None:
-        try:
-            check_json(value, "$input")
-        except NotJSONError as exc:
-            raise PlanValidationError([Diagnostic(path=exc.path, code="input_not_json",
-                                                  message=exc.reason)], subject="input") from None
-        validator = program.input_validator
-        if validator is not None:
-            try:
-                errors = list(validator.iter_errors(value))
-            except RecursionError:
-                # A recursive schema checks each level through several frames: plain JSON
-                # within the nesting bound can still exhaust the stack.
-                raise PlanValidationError([Diagnostic(
-                    path="$input", code="input_invalid",
-                    message="the input nests too deeply to be checked against the program's "
-                            "recursive input_schema; send flatter data")],
-                    subject="input") from None
-            if errors:
-                raise PlanValidationError([
-                    Diagnostic(path=json_path(e.absolute_path, "$input"),
-                               code="input_invalid", message=e.message) for e in errors],
-                    subject="input")
 
     # --- run ------------------------------------------------------------------------
     async def run(self, key: str, worker_id: str = "worker", *, wait: bool = False) -> TaskResult:
