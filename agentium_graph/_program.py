@@ -150,10 +150,18 @@ class ExecutionGraphProgram(BaseModel):
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None,
                    deep: bool = False) -> Self:
-        """As pydantic's; a copy given another ``plan`` pins that plan's digest."""
+        """As pydantic's; a copy given another ``plan`` pins that plan's digest, one given
+        another ``input_schema`` compiles it."""
         copy = super().model_copy(update=update, deep=deep)
         if update and "plan" in update:
             copy._plan_digest = _plan_digest(copy.plan)
+        if update and "input_schema" in update:  # its own validator and digest
+            copy._input_validator = copy._schema_digest = None
+            if copy.input_schema is not None:
+                _, copy._input_validator = checked_validator(
+                    copy.input_schema, f"program {copy.id!r}: input_schema",
+                    root="input_schema")
+                copy._schema_digest = digest(copy.input_schema)
         return copy
 
     def checked_plan(self, plan_digest: str | None = None) -> dict[str, Any] | None:

@@ -426,3 +426,17 @@ async def test_a_tool_receives_literal_data_that_contains_ref_keys(calls: Calls)
     assert by_keys[("dbref", "from_a", "schema")] == {
         "schema": schema, "dbref": {"$ref": "orders", "$id": 7}, "from_a": 2}
     assert by_keys[("only",)] == {"only": {"$ref": {"node": "a"}}}  # no reference, no dep
+
+
+async def test_a_copy_given_another_input_schema_checks_inputs_against_it(
+        calls: Calls) -> None:
+    # (review 47) model_copy kept the original's validator and digest: the copy's
+    # descriptor said its schema was changed in place, and it checked inputs against the
+    # original schema.
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls))
+    prog = program(chain_plan(1), input_schema={"type": "object", "required": ["a"]})
+    copy = prog.model_copy(update={"input_schema": {"type": "object", "required": ["b"]}})
+    with pytest.raises(PlanValidationError, match="'b' is a required property"):
+        await rt.create("k", copy, input={"a": 1})
+    await rt.create("k", copy, input={"b": 1})
+    assert (await rt.inspect("k")).status == "pending"

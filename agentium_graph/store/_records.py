@@ -161,8 +161,9 @@ _PERSISTED: dict[type[BaseModel], frozenset[str]] = {
                            "journal_seq", "error"}),
     NodeRecord: frozenset({"parent", "deps", "state", "attempts", "input_digest",
                            "output_digest", "error"}),
-    ActionRecord: frozenset({"dispatches", "outcome_digest", "outcome_source", "reason",
-                             "resolution"}),
+    ActionRecord: frozenset({"dispatches", "outcome_digest", "outcome_source",
+                             "result_ref_returned", "reason", "resolution", "updated_at"}),
+    AttemptRecord: frozenset({"admission_id", "input_digest", "ended_at", "outcome"}),
 }
 
 
@@ -176,6 +177,11 @@ def missing_persisted(rec: BaseModel) -> str | None:
     gone = fields - rec.model_fields_set
     if gone:
         return min(gone)
+    if isinstance(rec, NodeRecord):
+        for i, attempt in enumerate(rec.attempts):
+            inner = missing_persisted(attempt)
+            if inner is not None:
+                return f"attempts[{i}].{inner}"
     if isinstance(rec, TaskHeader):
         counters = rec.counters
         for name in COUNTERS:

@@ -175,6 +175,9 @@ def _run(job: _Job) -> None:
         error = exc
     with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting
         loop.call_soon_threadsafe(_settle, future, result, error)
+    # The error's traceback holds this frame: without these names the frame no longer
+    # holds the error, the future and the call (and through it the store) in a cycle.
+    del job, call, loop, future, result, error
 
 
 def _fspath(path: object) -> str | bytes:

@@ -66,3 +66,27 @@ def test_a_create_request_must_start_every_counter() -> None:
     del header["counters"]["model_calls"]
     with pytest.raises(ValueError, match=r"header\.counters must hold every counter"):
         type(request)(**{**request.model_dump(), "header": TaskHeader(**header)})
+
+
+@pytest.mark.parametrize(("sql", "field"), [
+    ("UPDATE nodes SET record = json_remove(record, '$.attempts[0].outcome') "
+     "WHERE node_id = 'a'", "attempts[0].outcome"),
+], ids=["attempt-outcome"])
+async def test_an_attempt_missing_a_field_is_damage_too(tmp_path: Path, sql: str,
+                                                       field: str) -> None:
+    # (review 47) Attempt records were not checked: a removed outcome read as None.
+    from sqlite_helpers import commit_request
+
+    from agentium_graph.store import StartAttempt
+
+    path = tmp_path / "tasks.db"
+    async with SQLiteDurableTaskStore(path) as store:
+        await store.create_task(create_request("k"))
+        grant = await store.acquire_lease(acquire_request("k"))
+        await store.commit(commit_request("k", grant.fence, [StartAttempt(
+            node_id="a", attempt_id="a1", admission_id="adm-a",
+            charges={"work_attempts": 1})]))
+    _edit(path, sql)
+    async with SQLiteDurableTaskStore(path) as store:
+        with pytest.raises(StoreSchemaError, match=r"attempts\[0\]\.outcome is missing"):
+            await store.get_task("k")
