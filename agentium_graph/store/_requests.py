@@ -8,10 +8,10 @@ a :class:`CommitRequest` (several steps under one fence) atomically, so "node k 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentium_graph._canonical import NotJSONError, check_json
 from agentium_graph._config_base import ConfigModel
@@ -29,6 +29,29 @@ from agentium_graph.store._records import (
     trusted,
 )
 
+
+def _utc(value: datetime) -> datetime:
+    """An aware datetime as UTC: stored forms keep whole-minute offsets only (a +00:00:30
+    zone moved an expiry 30 s), and the records compare instants of one zone."""
+    if value.utcoffset() is None:
+        raise ValueError("must be timezone-aware, such as datetime.now(UTC)")
+    return value if value.tzinfo is UTC else value.astimezone(UTC)
+
+
+# A request's clock reading: aware, as UTC.
+Now = Annotated[datetime, AfterValidator(_utc)]
+# The longest lease a request may ask for (30 days): enough for any worker, and an expiry
+# (now + ttl) that every store can write.
+MAX_TTL_S: Final = 30 * 86_400.0
+_INT64: Final = 2**63 - 1  # what MongoDB (and SQLite's INTEGER) can hold
+
+
+def _check_expiry(now: datetime, ttl_seconds: float) -> None:
+    try:
+        now + timedelta(seconds=ttl_seconds)
+    except OverflowError:
+        raise ValueError(f"now + ttl_seconds ({now.isoformat()} + {ttl_seconds:g} s) is past "
+                         "the last date a datetime can hold") from None
 
 class _Req(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -179,14 +202,52 @@ class CreateTaskRequest(_Req):
 
     @field_validator("header")
     @classmethod
-    def _every_counter(cls, header: TaskHeader) -> TaskHeader:
+    def _new_header(cls, header: TaskHeader) -> TaskHeader:
         missing = [name for name in COUNTERS if name not in header.counters]
         if missing:
             # A store reads a header back without one as damaged: a counter removed by
             # hand would otherwise count again from zero.
             raise ValueError(f"header.counters must hold every counter (missing {missing}); "
                              "start them at 0")
+        for name, value in header.counters.items():
+            limit = header.limits.get(name)
+            if not 0 <= value <= (_INT64 if limit is None else limit):
+                raise ValueError(f"header.counters.{name} is {value}: a new task's counters "
+                                 "are 0 or more, and within their limits")
+        for name, limit in header.limits.items():
+            if limit is not None and not 0 <= limit <= _INT64:
+                raise ValueError(f"header.limits.{name} is {limit}: a limit is 0 to 2**63-1 "
+                                 "(or None, no limit)")
+        if header.status != "pending" or header.lease is not None or header.cancel is not None:
+            raise ValueError("header: a new task is pending, with no lease and no cancel request")
+        times = {"created_at": _utc(header.created_at), "updated_at": _utc(header.updated_at),
+                 "deadline": None if header.deadline is None else _utc(header.deadline)}
+        if any(times[name] is not getattr(header, name) for name in times):
+            header = header.model_copy(update=times)
         return header
+
+    @field_validator("identity")
+    @classmethod
+    def _utc_deadline(cls, identity: TaskIdentity) -> TaskIdentity:
+        deadline = identity.deadline
+        if deadline is not None and _utc(deadline) is not deadline:
+            identity = identity.model_copy(update={"deadline": _utc(deadline)})
+        return identity
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CreateTaskRequest:
+        if self.header.key != self.identity.key:
+            raise ValueError(f"header.key {self.header.key!r} is not identity.key "
+                             f"{self.identity.key!r}")
+        seen: set[str] = set()
+        for node in self.nodes:
+            if node.node_id in seen:
+                raise ValueError(f"nodes: node id {node.node_id!r} is given twice")
+            seen.add(node.node_id)
+            if node.state != "pending" or node.attempts:
+                raise ValueError(f"nodes: node {node.node_id!r} of a new task must be pending "
+                                 "with no attempts")
+        return self
 
 
 class CreateTaskResult(_Req):
@@ -233,9 +294,15 @@ class AcquireLeaseRequest(_Req):
 
     key: str
     worker_id: str
-    ttl_seconds: float = Field(gt=0)
-    now: datetime
+    ttl_seconds: float = Field(gt=0, le=MAX_TTL_S)
+    now: Now
     snapshot: bool = False
+
+    @model_validator(mode="after")
+    def _expiry_fits(self) -> AcquireLeaseRequest:
+        _check_expiry(self.now, self.ttl_seconds)
+        return self
+
     steps: tuple[Step, ...] = ()
     blobs: dict[str, str] = {}
 
@@ -254,8 +321,13 @@ class RenewLeaseRequest(_Req):
     key: str
     worker_id: str
     fence: int
-    ttl_seconds: float = Field(gt=0)
-    now: datetime
+    ttl_seconds: float = Field(gt=0, le=MAX_TTL_S)
+    now: Now
+
+    @model_validator(mode="after")
+    def _expiry_fits(self) -> RenewLeaseRequest:
+        _check_expiry(self.now, self.ttl_seconds)
+        return self
 
 
 class LeaseStatus(_Req):
@@ -268,20 +340,20 @@ class ReleaseLeaseRequest(_Req):
     key: str
     worker_id: str
     fence: int
-    now: datetime
+    now: Now
 
 
 class CancelTaskRequest(_Req):
     key: str
     reason: str
-    now: datetime
+    now: Now
 
 
 class CommitRequest(_Req):
     key: str
     worker_id: str
     fence: int
-    now: datetime
+    now: Now
     steps: tuple[Step, ...]
     blobs: dict[str, str] = {}
 
@@ -318,7 +390,7 @@ def commit_request(key: str, worker_id: str, fence: int, now: datetime, steps: I
     """``CommitRequest(...)`` of steps built by the runtime (each validated or built by the
     functions above). ``now`` comes from a clock the host may inject: anything but a
     ``datetime`` goes through the validating constructor, which says what is wrong."""
-    if type(now) is not datetime:
+    if type(now) is not datetime or now.tzinfo is not UTC:
         return CommitRequest(key=key, worker_id=worker_id, fence=fence, now=now,
                              steps=tuple(steps), blobs=blobs)
     return trusted(CommitRequest, {"key": key, "worker_id": worker_id, "fence": fence,
