@@ -496,25 +496,6 @@ def test_nested_programs_cannot_be_planned(calls: Calls) -> None:
         HostCatalog([*make_catalog(calls), GraphBinding(id="sub", version="1", program=nested)])
 
 
-class _CrashAfterSecondResponse(CountingStore):
-    """Dies after committing the planner's second response: the next run replays both."""
-
-    left = 2
-
-    async def commit(self, request: CommitRequest) -> CommitResult:
-        result = await super().commit(request)
-        if any(isinstance(s, AppendJournal) and s.kind == "planner_response"
-               for s in request.steps):
-            self.left -= 1
-            if self.left == 0:
-                raise _PlannerCrash
-        return result
-
-
-class _PlannerCrash(BaseException):
-    pass
-
-
 async def test_a_verdict_journaled_with_a_longer_message_replays_as_it_was_sent(
         calls: Calls, monkeypatch: pytest.MonkeyPatch) -> None:
     # (review 47) Replayed verdicts went through the diagnostic bound added later: one
@@ -522,13 +503,13 @@ async def test_a_verdict_journaled_with_a_longer_message_replays_as_it_was_sent(
     # sent, and the planner was asked (and charged) again for an answer the journal held.
     from agentium_graph import errors
 
-    store = _CrashAfterSecondResponse()
+    store = CrashOnPlannerCommit(after=2)
     monkeypatch.setattr(errors, "MAX_DIAGNOSTIC_MESSAGE", 10**9)  # an older version
     long_shape = {"schemaVersion": 1, "revision": 1, "nodes": "y" * 3000}
     first = ScriptedProvider([turn(long_shape, 0), turn(UNKNOWN, 1), turn(GOOD, 2)])
     rt = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store)
     await rt.create("r", planned(first, max_corrections=3), input={"start": 0})
-    with pytest.raises(_PlannerCrash):
+    with pytest.raises(_Crash):
         await rt.run("r", "w1")
     monkeypatch.undo()  # the upgraded worker bounds new diagnostics
     second = ScriptedProvider([turn(GOOD, 1), turn(GOOD, 2)])
