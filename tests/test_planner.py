@@ -24,6 +24,7 @@ from agentium_graph import (
     PlanValidationError,
     RootLimits,
     TaskCanceledError,
+    TaskConflictError,
 )
 from agentium_graph.providers import (
     ProviderError,
@@ -533,3 +534,20 @@ async def test_two_concurrent_creates_cannot_swap_a_known_program(calls: Calls) 
     assert isinstance(outcomes[1], ConfigurationError) and not isinstance(outcomes[0],
                                                                           Exception)
     assert (await rt.run("a")).output["b"] == {"value": 2}
+
+
+async def test_a_create_that_fails_does_not_forget_the_program_of_one_that_did(
+        calls: Calls) -> None:
+    # (review 50) A failed create rolled the program back while a concurrent create of the
+    # same program had stored its task: the runtime no longer knew how to plan it.
+    store = CountingStore()
+    rt = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store)
+    await rt.create("a", ExecutionGraphProgram(id="static", version="1", plan={
+        "schemaVersion": 1, "revision": 1, "nodes": []}))
+    fresh = ExecutionGraphRuntime(catalog=make_catalog(calls), store=store)
+    shared = planned(ScriptedProvider([turn(GOOD)]))
+    outcomes = await asyncio.gather(fresh.create("a", shared, input={"start": 0}),
+                                    fresh.create("b", shared, input={"start": 0}),
+                                    return_exceptions=True)
+    assert isinstance(outcomes[0], TaskConflictError)
+    assert (await fresh.run("b")).output["b"] == {"value": 2}

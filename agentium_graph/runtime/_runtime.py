@@ -330,7 +330,10 @@ class ExecutionGraphRuntime(OperatorAPI):
             revision=0 if plan is None else 1, journal_seq=1)
         # A planner program is known from here on, before the store is awaited: a create
         # of other content under its id and version meanwhile is refused, not swapped in.
-        reserved = self._reserve_program(program) if program.planner is not None else None
+        # It stays known if this create fails (as register_program's would): the host
+        # meant it, and a program of other content under its id and version is refused.
+        if program.planner is not None:
+            self.register_program(program)
         try:
             created = await self.store.create_task(CreateTaskRequest(
                 header=header, identity=identity, nodes=nodes,
@@ -341,10 +344,6 @@ class ExecutionGraphRuntime(OperatorAPI):
                 # not use (their pinned descriptors are equal, or they would differ too): the
                 # task runs on this catalog, so this is a re-delivery, not another task.
                 return await self.inspect(key)
-            self._unreserve(program, reserved)
-            raise
-        except BaseException:
-            self._unreserve(program, reserved)
             raise
         if not created.created:
             return await self.inspect(key)  # a re-delivery: show what is stored
@@ -363,24 +362,6 @@ class ExecutionGraphRuntime(OperatorAPI):
             raise ConfigurationError("programs must be ExecutionGraphProgram instances")
         self._check_program(program)
         self._programs[(program.id, program.version)] = program
-
-    def _reserve_program(self, program: ExecutionGraphProgram
-                         ) -> tuple[ExecutionGraphProgram | None] | None:
-        """Know ``program`` (refused if its id and version name other content; an equal
-        one is replaced, as register_program does); what to restore if the create fails."""
-        self._check_program(program)
-        previous = self._programs.get((program.id, program.version))
-        self._programs[(program.id, program.version)] = program
-        return (previous,)
-
-    def _unreserve(self, program: ExecutionGraphProgram,
-                   reserved: tuple[ExecutionGraphProgram | None] | None) -> None:
-        if reserved is None or self._programs.get((program.id, program.version)) is not program:
-            return
-        if reserved[0] is None:
-            del self._programs[(program.id, program.version)]
-        else:
-            self._programs[(program.id, program.version)] = reserved[0]
 
     def _check_program(self, program: ExecutionGraphProgram) -> None:
         """Refuse a program whose id and version this runtime knows with other content (by
