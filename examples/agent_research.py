@@ -2,7 +2,7 @@
 
 The "research" agent looks up two facts with a pure tool and answers; a nested graph then
 formats a report, and a bounded repeat polishes it twice. The model is the deterministic
-ScriptedProvider from agentium_graph.testing, so this runs anywhere without credentials.
+ScriptedProvider from agentium_graph.providers, so this runs anywhere without credentials.
 
 Run: python examples/agent_research.py
 """
@@ -24,8 +24,7 @@ from agentium_graph import (
     RepeatBinding,
     ToolBinding,
 )
-from agentium_graph.providers import ToolCall, Usage
-from agentium_graph.testing import ScriptedProvider, ScriptedTurn, TurnMatch
+from agentium_graph.providers import ScriptedProvider, ScriptedTurn, ToolCall, TurnMatch, Usage
 from agentium_graph_sqlite import SQLiteDurableTaskStore
 
 FACTS = {"boiling_point_c": 100, "freezing_point_c": 0}

@@ -3,7 +3,7 @@
 The program has no static plan: its planner asks the model for one. The first proposal
 names a binding the catalog does not have, so it is rejected with diagnostics; the model's
 correction is accepted, committed as revision 1 and run. Both proposals stay in the journal.
-The model is the deterministic ScriptedProvider from agentium_graph.testing, so this runs
+The model is the deterministic ScriptedProvider from agentium_graph.providers, so this runs
 anywhere without credentials.
 
 Run: python examples/planned_quote.py
@@ -24,8 +24,7 @@ from agentium_graph import (
     PlannerConfig,
     ToolBinding,
 )
-from agentium_graph.providers import Usage
-from agentium_graph.testing import ScriptedProvider, ScriptedTurn, TurnMatch
+from agentium_graph.providers import ScriptedProvider, ScriptedTurn, TurnMatch, Usage
 from agentium_graph_sqlite import SQLiteDurableTaskStore
 
 PRICES = {"A-1": 12.5, "B-7": 40.0}

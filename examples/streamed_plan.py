@@ -3,7 +3,7 @@
 The planner's provider streams two frames. The first plans the price lookup (revision 1),
 which starts at once; while it runs, the second frame (revision 2) keeps it and adds the
 quote that uses its result. The model is the deterministic ScriptedProvider from
-agentium_graph.testing (text streamed in small pieces with a pause between them), so this
+agentium_graph.providers (text streamed in small pieces with a pause between them), so this
 runs anywhere without credentials.
 
 Run: python examples/streamed_plan.py
@@ -25,8 +25,7 @@ from agentium_graph import (
     StreamLimits,
     ToolBinding,
 )
-from agentium_graph.providers import Usage
-from agentium_graph.testing import ScriptedProvider, ScriptedTurn
+from agentium_graph.providers import ScriptedProvider, ScriptedTurn, Usage
 from agentium_graph_sqlite import SQLiteDurableTaskStore
 
 PRICES = {"A-1": 12.5, "B-7": 40.0}
