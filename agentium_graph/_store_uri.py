@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
@@ -41,22 +42,41 @@ class StoreURI:
     """A parsed store URI. ``path`` is set for SQLite, ``database`` for MongoDB."""
 
     scheme: Literal["sqlite", "mongodb"]
-    uri: str
+    uri: str = field(repr=False)  # may hold a password: repr() shows redact(uri) instead
     path: Path | None = None
     database: str | None = None
 
+    def __repr__(self) -> str:
+        return (f"StoreURI(scheme={self.scheme!r}, uri={redact(self.uri)!r}, "
+                f"path={self.path!r}, database={self.database!r})")
+
+
+# URI options whose values may be secrets (tlsCertificateKeyFilePassword, an AWS session
+# token inside authMechanismProperties): their values are masked like a password.
+_SECRET_OPTION = re.compile(r"password|secret|token|key|credential|authmechanismproperties",
+                            re.IGNORECASE)
+
 
 def redact(uri: str) -> str:
-    """``uri`` with any password replaced by ``***``, fit for messages and logs. Only a
-    ``user:password@`` part is changed: ``user@`` and an empty ``@`` have no password."""
+    """``uri`` with any password, and the value of any option that may hold a secret,
+    replaced by ``***``, fit for messages and logs. Only a ``user:password@`` part is
+    changed of the user part: ``user@`` and an empty ``@`` have no password."""
+    # sqlite:///path has no user part or options: a file name may hold ':', '@' and '?'.
+    if uri[:len(_SQLITE_PREFIX)].lower() == _SQLITE_PREFIX:
+        return uri
+    # The options start at the first '?' after the user part (a password may hold one
+    # escaped by a driver that is lenient).
+    cut = uri.find("?", uri.rfind("@") + 1)
+    uri, mark, query = (uri, "", "") if cut < 0 else (uri[:cut], "?", uri[cut + 1:])
+    if mark:
+        query = "&".join(
+            f"{name}=***" if sep and _SECRET_OPTION.search(name) else f"{name}{sep}{value}"
+            for name, sep, value in (part.partition("=") for part in query.split("&")))
     head, sep, tail = uri.partition("://")
     userinfo, at, host = tail.rpartition("@")
-    # sqlite:///path has no user part: a file name may hold ':' and '@' ("host:1@run.db").
-    if not sep or not at or ":" not in userinfo or uri[:len(_SQLITE_PREFIX)].lower() == \
-            _SQLITE_PREFIX:
-        return uri
-    user = userinfo.split(":", 1)[0]
-    return f"{head}://{user}:***@{host}"
+    if sep and at and ":" in userinfo:
+        uri = f"{head}://{userinfo.split(':', 1)[0]}:***@{host}"
+    return f"{uri}{mark}{query}"
 
 
 def _bad(uri: str, why: str) -> ConfigurationError:

@@ -27,3 +27,18 @@ def test_a_path_this_user_may_not_look_at_is_a_store_error(
     with pytest.raises(StoreError, match="Permission denied; check the path and the "
                                          "permissions"):
         open_store_uri(f"sqlite:///{tmp_path}/secret/t.db", must_exist=True)
+
+
+def test_secret_uri_options_are_masked_in_messages_and_reprs() -> None:
+    # (review 53) Only user:password@ was masked: an option such as
+    # tlsCertificateKeyFilePassword was shown in errors, the CLI's paging hint and repr().
+    from agentium_graph._store_uri import parse_store_uri, redact
+
+    uri = ("mongodb://user:s3cr3t@db.example:27017/db?tls=true"
+           "&tlsCertificateKeyFilePassword=KEYPW99&authMechanismProperties=AWS_SESSION_TOKEN:t")
+    shown = redact(uri)
+    assert "s3cr3t" not in shown and "KEYPW99" not in shown and "AWS_SESSION" not in shown
+    assert "tls=true" in shown and "tlsCertificateKeyFilePassword=***" in shown
+    assert "KEYPW99" not in repr(parse_store_uri(uri)) and "s3cr3t" not in repr(
+        parse_store_uri(uri))
+    assert redact("sqlite:///runs/a?b@c:d.db") == "sqlite:///runs/a?b@c:d.db"

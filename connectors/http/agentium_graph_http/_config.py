@@ -127,27 +127,31 @@ class HttpConnectorConfig(BaseModel):
     @field_validator("base_url")
     @classmethod
     def _check_base_url(cls, value: str) -> str:
+        # Messages show the URL without its query and fragment (an API key in the query)
+        # and never with credentials: '@' is refused before anything quotes the value (a
+        # password holding '/' hides it from urlsplit's netloc).
+        if "@" in value:
+            raise ValueError("base_url must not carry credentials (or any '@'); pass them "
+                             "in headers=, which are kept out of reprs and error messages")
+        shown = repr(value.split("?", 1)[0].split("#", 1)[0])
         if _unsendable(value):
             # urlsplit drops tabs and newlines silently: check the text as given.
-            raise ValueError(f"{value!r} must not contain spaces or control characters")
+            raise ValueError(f"{shown} must not contain spaces or control characters")
         parts = urlsplit(value)
-        if "@" in parts.netloc:
-            raise ValueError("base_url must not carry credentials; pass them in headers=, "
-                             "which are kept out of reprs and error messages")
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{value!r} is not an absolute http(s) URL")
+            raise ValueError(f"{shown} is not an absolute http(s) URL")
         if "?" in value or "#" in value:
             # Even empty ("https://api.example.com?"): the paths appended after it would
             # become the query or the fragment, and every request would go to the root.
-            raise ValueError(f"{value!r} must not carry a query or a fragment")
+            raise ValueError(f"{shown} must not carry a query or a fragment (not shown)")
         if _dot_segment(parts.path):
-            raise ValueError(f"{value!r} must not have '.' or '..' path segments: they are "
+            raise ValueError(f"{shown} must not have '.' or '..' path segments: they are "
                              "removed on the way, so requests would go elsewhere")
         try:
             _ = parts.port  # raises for a port out of range or that is not a number
             httpx.URL(value)
         except (ValueError, httpx.InvalidURL) as exc:
-            raise ValueError(f"{value!r} is not a URL httpx can send to: {exc}") from None
+            raise ValueError(f"{shown} is not a URL httpx can send to: {exc}") from None
         return value.rstrip("/")
 
     @field_validator("create_path")

@@ -35,6 +35,7 @@ from agentium_graph_http._errors import (
     Reply,
     build_error,
     excerpt,
+    scrubbed,
     status_error,
     transport_error,
 )
@@ -308,7 +309,9 @@ class HttpActionConnector:
                                            timeout=httpx.Timeout(timeout_s),
                                            extensions={"trace": progress.trace})
         except Exception as exc:  # e.g. a header the client cannot encode: never sent
-            raise build_error(exc, url, method) from exc
+            # Chained with its text redacted: it may quote a header (a secret), and a
+            # host's logger.exception prints the cause too.
+            raise build_error(exc, url, method) from scrubbed(exc, self._secrets)
         try:
             async with asyncio.timeout(timeout_s):
                 response = await client.send(request, stream=True, follow_redirects=False)
@@ -318,7 +321,7 @@ class HttpActionConnector:
                     await response.aclose()
         except Exception as exc:  # CancelledError is a BaseException and passes through
             raise transport_error(exc, url, method, timeout_s, self._secrets,
-                                  unsent=progress.unsent) from exc
+                                  unsent=progress.unsent) from scrubbed(exc, self._secrets)
 
     def _body(self, response: Reply, url: str, what: str) -> Any:
         if not response.is_success:

@@ -33,9 +33,11 @@ Messages never quote static header values: text quoted back from a server is red
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 import httpx
 
@@ -156,11 +158,30 @@ _NOT_APPLIED_STATUSES = frozenset({408, 429})
 
 
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
-    """``text`` with every one of ``secrets`` (longest first) replaced by ``[redacted]``."""
+    """``text`` with every one of ``secrets`` (longest first) replaced by ``[redacted]``,
+    also as a server may echo it back: in another letter case, or percent-encoded."""
     for secret in secrets:
         if secret:
-            text = text.replace(secret, REDACTED)
+            forms = {secret, quote(secret, safe=""), quote_plus(secret)}
+            pattern = "|".join(re.escape(form) for form in sorted(forms, key=len, reverse=True))
+            text = re.sub(pattern, REDACTED, text, flags=re.IGNORECASE)
     return text
+
+
+def scrubbed(exc: BaseException, secrets: Iterable[str]) -> BaseException:
+    """``exc`` with the text of its arguments redacted, to chain as an error's cause: a
+    host's ``logger.exception`` prints the cause too, and a transport's message may quote
+    what the server sent back (a header echoed in a status line)."""
+    secrets = tuple(secrets)
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:  # and what it chains (httpcore's)
+        seen.add(id(link))
+        link.args = tuple(redact(arg, secrets) if isinstance(arg, str) else
+                          redact(arg.decode("utf-8", "replace"), secrets)
+                          if isinstance(arg, bytes | bytearray) else arg for arg in link.args)
+        link = link.__cause__ or link.__context__
+    return exc
 
 
 def excerpt(text: str, secrets: Iterable[str] = ()) -> str:
