@@ -97,6 +97,8 @@ def catalog(log: CallLog, kill_in_tool: str | None = None,
                 all_running.set()
                 os.kill(os.getpid(), signal.SIGKILL)
             await asyncio.wait_for(all_running.wait(), 10)
+        if slow and node in slow:
+            await asyncio.sleep(slow[node])
         log.record("finish")
         return {"value": args["x"] * 10 + args["i"]}
 

@@ -42,7 +42,7 @@ class KillSwitch(ForwardingStore):
     """Wraps a store; SIGKILLs the process at one journal boundary.
 
     ``point``: before_lease | after_lease | before_start_commit | after_start_commit |
-    before_completion_commit | after_completion_commit | during_renewal |
+    before_completion_commit | after_completion_commit | during_renewal | after_renewal |
     after_model_response | after_repeat_guard | after_planner_response |
     after_plan_commit | none.
     ``node``: which node's start/completion commit triggers it.
@@ -95,7 +95,10 @@ class KillSwitch(ForwardingStore):
     async def renew_lease(self, request: RenewLeaseRequest) -> LeaseStatus:
         if self.point == "during_renewal":
             die()
-        return await self.inner.renew_lease(request)
+        status = await self.inner.renew_lease(request)
+        if self.point == "after_renewal":  # the renewal is written, its answer not seen
+            die()
+        return status
 
 
 async def main(config: dict[str, Any]) -> dict[str, Any]:
@@ -130,7 +133,7 @@ async def main(config: dict[str, Any]) -> dict[str, Any]:
         programs=[prog] if prog.planner is not None else ())
     try:
         if config.get("create", False):
-            await runtime.create(config["key"], prog)
+            await runtime.create(config["key"], prog, limits=config.get("limits"))
             if config.get("create_only", False):
                 return {"ok": True, "created": True}
         result = await runtime.run(config["key"], config["worker"],

@@ -7,6 +7,7 @@ exceed their limits; each node's attempts carry strictly increasing fences.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ NODES = list(EXPECTED)
 
 
 async def check_recovery(case: Case, store: DurableTaskStore, before: TaskSnapshot,
-                         interrupted: list[str]) -> dict[str, Any]:
+                         interrupted: list[str], **run: Any) -> dict[str, Any]:
     """Recover in a fresh process and check the books.
 
     ``interrupted``: nodes whose tool had started in the killed process without its
@@ -31,7 +32,7 @@ async def check_recovery(case: Case, store: DurableTaskStore, before: TaskSnapsh
     starts_before = {n: case.starts(n) for n in NODES}
     for node in interrupted:
         assert starts_before[node] >= 1 and node not in completed_before, node
-    code, out, err = case.run()
+    code, out, err = case.run(**run)  # by default the killed worker's id: "w1"
     assert code == 0 and out is not None and out["ok"], (out, err)
     assert {n: v["value"] for n, v in out["output"].items()} == EXPECTED
 
@@ -136,3 +137,56 @@ async def test_repeated_kills_then_recovery(case: Case, store_of: DurableTaskSto
         (1, "interrupted"), (2, "interrupted"), (3, "completed")]
     assert [(a.fence, a.outcome) for a in after.nodes["d"].attempts] == [
         (3, "interrupted"), (4, "completed")]
+
+
+async def test_kill_after_a_renewal_was_written(case: Case, store_of: DurableTaskStore) -> None:
+    # (review 54) "during_renewal" kills before a renewal reaches the store: here one is
+    # written (the lease runs past the grant's TTL) and its answer is never seen.
+    case.run_killed(create=True, kill_at="after_renewal", slow={"b": 2.0}, poll_interval=0.2)
+    before = await snapshot(store_of, case.key)
+    lease = before.header.lease
+    assert lease is not None and lease.expires_at > lease.acquired_at + timedelta(seconds=5)
+    await check_recovery(case, store_of, before, ["b"])
+
+
+async def test_kill_right_after_the_lease_of_a_task_created_elsewhere(
+        case: Case, store_of: DurableTaskStore) -> None:
+    # (review 54) A worker that created the task takes the lease with its first starts;
+    # one that did not takes the lease alone first: killed there, nothing is claimed.
+    code, out, _ = case.run(create=True, create_only=True)
+    assert code == 0 and out is not None and out["created"]
+    case.run_killed(kill_at="after_lease")
+    before = await snapshot(store_of, case.key)
+    assert before.header.fence == 1 and before.header.lease is not None
+    assert all(n.state == "pending" for n in before.nodes.values())
+    assert before.header.counters["work_attempts"] == 0
+    await check_recovery(case, store_of, before, [])
+
+
+async def test_kill_after_a_completion_that_readies_nothing(
+        case: Case, store_of: DurableTaskStore) -> None:
+    # (review 54) b's completion commit also starts the fan-out; c0's readies nothing (d
+    # waits for c1-c3, still running).
+    case.run_killed(create=True, kill_at="after_completion_commit", node="c0",
+                    slow={f"c{i}": 3.0 for i in range(1, FAN)})
+    before = await snapshot(store_of, case.key)
+    assert before.nodes["c0"].state == "completed" and before.nodes["d"].state == "pending"
+    running = sorted(n for n, r in before.nodes.items() if r.state == "running")
+    assert running == [f"c{i}" for i in range(1, FAN)]
+    await check_recovery(case, store_of, before, running)
+
+
+async def test_another_worker_takes_over_once_the_lease_expired(
+        case: Case, store_of: DurableTaskStore) -> None:
+    # (review 54) Every other recovery reuses the killed worker's id, which takes its own
+    # lease over at once; another worker waits for it to expire (5 s), under tight limits
+    # (one attempt more than the nodes: exactly the re-run of b).
+    case.run_killed(create=True, kill_in_tool="b",
+                    limits={"max_work_attempts": len(NODES) + 1})
+    before = await snapshot(store_of, case.key)
+    lease = before.header.lease
+    assert lease is not None and lease.owner == "w1"
+    await check_recovery(case, store_of, before, ["b"], worker="w2", wait=True)
+    after = await snapshot(store_of, case.key)
+    assert [a.fence for a in after.nodes["b"].attempts] == [1, 2]
+    assert after.header.counters["work_attempts"] == after.header.limits["work_attempts"]
