@@ -101,3 +101,39 @@ async def test_paused_worker_is_fenced_out_after_takeover(case: Case,
     fences = [a.fence for a in snap.nodes["b"].attempts]
     assert fences == [1, 2] and snap.nodes["b"].attempts[0].outcome == "interrupted"
 
+
+
+async def test_a_paused_workers_late_completion_is_refused(case: Case,
+                                                          store_of: DurableTaskStore) -> None:
+    """(Review 54) Above, the paused worker's first write after SIGCONT is a renewal. Here
+    its tool is due before its next renewal, so the write refused is b's completion, made
+    after the fresh worker completed b: it must not land."""
+    slow_worker = case.start(create=True, worker="slow", slow={"b": 1.0}, lease_ttl=3.0,
+                             poll_interval=2.5)
+    wait_for(lambda: case.starts("b") == 1)
+    stop_outside_a_write(slow_worker, case)
+    try:
+        code, out, err = case.run(worker="fresh", wait=True, lease_ttl=3.0)
+        assert code == 0 and out is not None and out["ok"], (out, err)
+    finally:
+        os.kill(slow_worker.pid, signal.SIGCONT)
+    stdout, _ = slow_worker.communicate(timeout=60)
+    result = json.loads(stdout.strip().splitlines()[-1])
+    assert result["ok"] is False and result["error"] == "StaleFenceError"
+    assert result["details"]["fence"] == 1 and result["details"]["current"] == 2
+    # The stale tool finished (its completion was what it tried to write), yet b has one
+    # completion, the fresh worker's.
+    finishes = [e for e in case.log.entries() if e["node"] == "b" and e["event"] == "finish"]
+    assert len(finishes) == 2
+    assert await completions(store_of, case.key) == dict.fromkeys(EXPECTED, 1)
+    snap = await store_of.get_task(case.key)
+    assert snap is not None and [a.fence for a in snap.nodes["b"].attempts] == [1, 2]
+    taken = False
+    after = 0
+    while page := await store_of.read_timeline(TimelineRequest(key=case.key, after_seq=after,
+                                                               limit=500)):
+        for entry in page:  # nothing under fence 1 after the takeover
+            taken = taken or (entry.kind == "lease_acquired" and entry.fence == 2)
+            assert not taken or entry.fence in (2, None), entry
+        after = page[-1].seq
+    assert taken
