@@ -95,6 +95,23 @@ async def snapshot(store: DurableTaskStore, key: str) -> TaskSnapshot:
     return snap
 
 
+def check_books(before: TaskSnapshot, after: TaskSnapshot) -> None:
+    """What every recovery must keep: counters never refunded (against the snapshot taken
+    after the kill) and never past their limits, completed nodes' attempts untouched, and
+    each node's attempts under strictly increasing fences."""
+    for name, value in before.header.counters.items():
+        assert after.header.counters[name] >= value, f"{name} refunded"
+    for name, value in after.header.counters.items():
+        limit = after.header.limits.get(name)
+        assert limit is None or value <= limit, f"{name} {value} past its limit {limit}"
+    for node_id, rec in before.nodes.items():
+        if rec.state == "completed":
+            assert after.nodes[node_id].attempts == rec.attempts, f"{node_id} re-ran"
+    for node_id, rec in after.nodes.items():
+        fences = [a.fence for a in rec.attempts]
+        assert fences == sorted(set(fences)), f"{node_id} fences not increasing: {fences}"
+
+
 def _last_json(out: str) -> dict[str, Any] | None:
     for line in reversed(out.splitlines()):
         if line.startswith("{"):

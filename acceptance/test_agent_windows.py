@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from acceptance._agent_graph import EXPECTED
-from acceptance.conftest import Case, snapshot
+from acceptance.conftest import Case, check_books, snapshot
 from agentium_graph import DurableTaskStore
 from agentium_graph.store import TaskSnapshot
 
@@ -28,13 +28,7 @@ async def recover(case: Case, store: DurableTaskStore) -> TaskSnapshot:
     assert {k: output[k] for k in ("nested", "loop", "final")} == {
         k: EXPECTED[k] for k in ("nested", "loop", "final")}
     after = await snapshot(store, case.key)
-    for name, value in before.header.counters.items():
-        assert after.header.counters[name] >= value, f"{name} refunded"
-        limit = after.header.limits.get(name)
-        assert limit is None or after.header.counters[name] <= limit
-    for node_id, rec in before.nodes.items():
-        if rec.state == "completed":
-            assert after.nodes[node_id].attempts == rec.attempts, f"{node_id} re-ran"
+    check_books(before, after)
     return after
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from acceptance._effect_graph import AMOUNT
-from acceptance.conftest import Case
+from acceptance.conftest import Case, check_books, snapshot
 from agentium_graph import ActionOutcome, DurableTaskStore, ExecutionGraphRuntime, HostCatalog
 from agentium_graph_http.testing import IdempotentTestServer
 
@@ -37,12 +37,14 @@ def effect_case(case: Case, server: IdempotentTestServer, **kw: Any) -> dict[str
 async def finish_and_check(case: Case, store: DurableTaskStore, server: IdempotentTestServer,
                            *, idempotent: bool = False, source: str,
                            prep_starts: int = 1) -> None:
+    before = await snapshot(store, case.key)  # as the kill left it
     code, out, err = case.run(**effect_case(case, server, idempotent=idempotent))
     assert code == 0 and out is not None and out["ok"], (out, err)
     assert out["output"]["receipt"] == {"text": f"charged {AMOUNT} EUR"}
     assert server.accepted_count == 1  # exactly one acceptance at the destination
     snap = await store.get_task(case.key)
     assert snap is not None and snap.header.status == "completed"
+    check_books(before, snap)
     [action] = snap.actions.values()
     assert action.state == "confirmed" and action.outcome_source == source
     assert server.accepted_for(action.action_id) == 1

@@ -14,7 +14,7 @@ import pytest
 
 from acceptance._graph import EXPECTED
 from acceptance._planner_graph import PREFIX
-from acceptance.conftest import Case, snapshot
+from acceptance.conftest import Case, check_books, snapshot
 from agentium_graph import DurableTaskStore
 from agentium_graph.store import TaskSnapshot, TimelineRequest
 
@@ -35,10 +35,7 @@ async def recover(case: Case, store: DurableTaskStore) -> TaskSnapshot:
     assert {n: v["value"] for n, v in out["output"].items()} == EXPECTED
     after = await snapshot(store, case.key)
     assert after.header.status == "completed" and after.header.revision == 1
-    for name, value in before.header.counters.items():
-        assert after.header.counters[name] >= value, f"{name} refunded"
-        limit = after.header.limits.get(name)
-        assert limit is None or after.header.counters[name] <= limit
+    check_books(before, after)
     for node in EXPECTED:
         assert case.starts(node) == 1, f"{node} started {case.starts(node)} times"
     assert await verdicts(store, case.key) == [False, True]
