@@ -8,24 +8,50 @@ import signal
 import sqlite3
 import subprocess
 import time
+from typing import Any
 
 from acceptance._graph import EXPECTED
 from acceptance.conftest import Case
 from agentium_graph import DurableTaskStore
-from agentium_graph.store import TimelineRequest
+from agentium_graph.store import JournalEntry, TimelineRequest
+
+
+async def timeline(store: DurableTaskStore, key: str) -> list[JournalEntry]:
+    entries: list[JournalEntry] = []
+    while page := await store.read_timeline(TimelineRequest(
+            key=key, after_seq=entries[-1].seq if entries else 0, limit=500)):
+        entries.extend(page)
+    return entries
 
 
 async def completions(store: DurableTaskStore, key: str) -> dict[str, int]:
     counts: dict[str, int] = {}
-    after = 0
-    while True:
-        page = await store.read_timeline(TimelineRequest(key=key, after_seq=after, limit=500))
-        if not page:
-            return counts
-        for entry in page:
-            if entry.kind == "node_completed" and entry.node_id:
-                counts[entry.node_id] = counts.get(entry.node_id, 0) + 1
-        after = page[-1].seq
+    for entry in await timeline(store, key):
+        if entry.kind == "node_completed" and entry.node_id:
+            counts[entry.node_id] = counts.get(entry.node_id, 0) + 1
+    return counts
+
+
+def pause_and_take_over(case: Case, **slow_worker: Any) -> dict[str, Any]:
+    """Start a worker that creates the task, SIGSTOP it once b started, let a fresh worker
+    wait out its lease and finish the task, SIGCONT it: what the paused worker returned,
+    which must be its StaleFenceError (fence 1, the store's 2)."""
+    lease_ttl = slow_worker["lease_ttl"]
+    paused = case.start(create=True, worker="slow", **slow_worker)
+    wait_for(lambda: case.starts("b") == 1)
+    stop_outside_a_write(paused, case)
+    try:
+        # The fresh worker waits until the paused worker's lease expires, then takes over.
+        code, out, err = case.run(worker="fresh", wait=True, lease_ttl=lease_ttl)
+        assert code == 0 and out is not None and out["ok"], (out, err)
+        assert {n: v["value"] for n, v in out["output"].items()} == EXPECTED
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    stdout, _ = paused.communicate(timeout=60)
+    result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+    assert result["ok"] is False and result["error"] == "StaleFenceError"
+    assert result["details"]["fence"] == 1 and result["details"]["current"] == 2
+    return result
 
 
 def wait_for(predicate: object, limit: float = 30.0) -> None:
@@ -79,21 +105,7 @@ async def test_concurrent_runs_on_a_fresh_task(case: Case, store_of: DurableTask
 
 async def test_paused_worker_is_fenced_out_after_takeover(case: Case,
                                                           store_of: DurableTaskStore) -> None:
-    slow_worker = case.start(create=True, worker="slow", slow={"b": 3.0}, lease_ttl=1.0,
-                             poll_interval=0.2)
-    wait_for(lambda: case.starts("b") == 1)
-    stop_outside_a_write(slow_worker, case)
-    try:
-        # The fresh worker waits until the paused worker's lease expires, then takes over.
-        code, out, err = case.run(worker="fresh", wait=True, lease_ttl=1.0)
-        assert code == 0 and out is not None and out["ok"], (out, err)
-        assert {n: v["value"] for n, v in out["output"].items()} == EXPECTED
-    finally:
-        os.kill(slow_worker.pid, signal.SIGCONT)
-    stdout, _ = slow_worker.communicate(timeout=60)
-    result = json.loads(stdout.strip().splitlines()[-1])
-    assert result["ok"] is False and result["error"] == "StaleFenceError"
-    assert result["details"]["fence"] == 1 and result["details"]["current"] == 2
+    pause_and_take_over(case, slow={"b": 3.0}, lease_ttl=1.0, poll_interval=0.2)
     counts = await completions(store_of, case.key)
     assert counts == dict.fromkeys(EXPECTED, 1)  # no duplicate completion
     snap = await store_of.get_task(case.key)
@@ -102,25 +114,12 @@ async def test_paused_worker_is_fenced_out_after_takeover(case: Case,
     assert fences == [1, 2] and snap.nodes["b"].attempts[0].outcome == "interrupted"
 
 
-
 async def test_a_paused_workers_late_completion_is_refused(case: Case,
                                                           store_of: DurableTaskStore) -> None:
     """(Review 54) Above, the paused worker's first write after SIGCONT is a renewal. Here
     its tool is due before its next renewal, so the write refused is b's completion, made
     after the fresh worker completed b: it must not land."""
-    slow_worker = case.start(create=True, worker="slow", slow={"b": 1.0}, lease_ttl=3.0,
-                             poll_interval=2.5)
-    wait_for(lambda: case.starts("b") == 1)
-    stop_outside_a_write(slow_worker, case)
-    try:
-        code, out, err = case.run(worker="fresh", wait=True, lease_ttl=3.0)
-        assert code == 0 and out is not None and out["ok"], (out, err)
-    finally:
-        os.kill(slow_worker.pid, signal.SIGCONT)
-    stdout, _ = slow_worker.communicate(timeout=60)
-    result = json.loads(stdout.strip().splitlines()[-1])
-    assert result["ok"] is False and result["error"] == "StaleFenceError"
-    assert result["details"]["fence"] == 1 and result["details"]["current"] == 2
+    pause_and_take_over(case, slow={"b": 1.0}, lease_ttl=3.0, poll_interval=2.5)
     # The stale tool finished (its completion was what it tried to write), yet b has one
     # completion, the fresh worker's.
     finishes = [e for e in case.log.entries() if e["node"] == "b" and e["event"] == "finish"]
@@ -129,11 +128,7 @@ async def test_a_paused_workers_late_completion_is_refused(case: Case,
     snap = await store_of.get_task(case.key)
     assert snap is not None and [a.fence for a in snap.nodes["b"].attempts] == [1, 2]
     taken = False
-    after = 0
-    while page := await store_of.read_timeline(TimelineRequest(key=case.key, after_seq=after,
-                                                               limit=500)):
-        for entry in page:  # nothing under fence 1 after the takeover
-            taken = taken or (entry.kind == "lease_acquired" and entry.fence == 2)
-            assert not taken or entry.fence in (2, None), entry
-        after = page[-1].seq
+    for entry in await timeline(store_of, case.key):  # nothing under fence 1 after takeover
+        taken = taken or (entry.kind == "lease_acquired" and entry.fence == 2)
+        assert not taken or entry.fence in (2, None), entry
     assert taken
