@@ -139,6 +139,11 @@ class ExecutionGraphProgram(BaseModel):
             super().__init__(**data)
         except ValidationError as exc:
             raise config_error("ExecutionGraphProgram", data, exc) from None
+        self._compile_schema()
+
+    def _compile_schema(self) -> None:
+        """The validator and digest of ``input_schema`` as it is now (None without one)."""
+        self._input_validator = self._schema_digest = None
         if self.input_schema is not None:
             _, self._input_validator = checked_validator(
                 self.input_schema, f"program {self.id!r}: input_schema", root="input_schema")
@@ -156,12 +161,7 @@ class ExecutionGraphProgram(BaseModel):
         if update and "plan" in update:
             copy._plan_digest = _plan_digest(copy.plan)
         if update and "input_schema" in update:  # its own validator and digest
-            copy._input_validator = copy._schema_digest = None
-            if copy.input_schema is not None:
-                _, copy._input_validator = checked_validator(
-                    copy.input_schema, f"program {copy.id!r}: input_schema",
-                    root="input_schema")
-                copy._schema_digest = digest(copy.input_schema)
+            copy._compile_schema()
         return copy
 
     def checked_plan(self, plan_digest: str | None = None) -> dict[str, Any] | None:

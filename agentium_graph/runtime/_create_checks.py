@@ -28,6 +28,7 @@ def check_sizes(store: DurableTaskStore, plan_text: str | None, value: Any) -> N
                 "reference (a key a tool looks up) instead"))],
                 subject="input" if path == "$input" else "plan")
 
+
 def check_input(program: ExecutionGraphProgram, value: Any) -> None:
     try:
         check_json(value, "$input")

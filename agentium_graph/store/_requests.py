@@ -230,8 +230,9 @@ class CreateTaskRequest(_Req):
     @classmethod
     def _utc_deadline(cls, identity: TaskIdentity) -> TaskIdentity:
         deadline = identity.deadline
-        if deadline is not None and _utc(deadline) is not deadline:
-            identity = identity.model_copy(update={"deadline": _utc(deadline)})
+        utc = None if deadline is None else _utc(deadline)
+        if utc is not deadline:
+            identity = identity.model_copy(update={"deadline": utc})
         return identity
 
     @model_validator(mode="after")

@@ -44,12 +44,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sqlite3
 import threading
 import weakref
 
 from agentium_graph_sqlite._schema import Settings
+from agentium_graph_sqlite._schema import file_identity as path_identity
 
 log = logging.getLogger("agentium_graph.sqlite")
 
@@ -119,11 +119,8 @@ class _Shared:
 
 
 def file_identity(settings: Settings) -> tuple[int, int] | None:
-    try:
-        st = os.stat(settings.path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
+    """What the store's path names now (see :func:`_schema.file_identity`)."""
+    return path_identity(settings.path)
 
 
 def _connect(shared: _Shared) -> sqlite3.Connection:

@@ -226,8 +226,9 @@ def open_read_only(settings: Settings) -> tuple[sqlite3.Connection, int]:
         # Not wanted either for a file this user may not write: SQLite gives the -shm and
         # -wal it creates the database file's mode, so reading a file left read-only would
         # leave read-only side files that no writer can open once the file is writable again.
+        dir_writable = os.access(real.parent, os.W_OK | os.X_OK)
         no_shm = read_only_fs or (not shm.exists() and (
-            not os.access(real.parent, os.W_OK | os.X_OK) or write_protected(real)))
+            not dir_writable or write_protected(real)))
         wal = _wal_with_commits(path) if no_shm else None
     query = "?mode=ro"
     if no_shm:
@@ -236,8 +237,7 @@ def open_read_only(settings: Settings) -> tuple[sqlite3.Connection, int]:
         # would invalidate: fine for a short read (the CLI), not for a long-lived reader.
         where = "it is on a read-only filesystem" if read_only_fs else \
             f"its directory {str(real.parent)!r} is not writable by this user" \
-            if not os.access(real.parent, os.W_OK | os.X_OK) else \
-            "the file is not writable by this user"
+            if not dir_writable else "the file is not writable by this user"
         if wal is not None:
             raise StoreError(
                 f"cannot open SQLite store {str(path)!r}: {where} and its write-ahead log "
